@@ -1,0 +1,187 @@
+//! The `berth` command line. Exit codes: 0 success, 1 runtime or config
+//! error, 2 usage error (clap's default).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Loaded, WorkloadKind};
+use crate::paths::Root;
+use crate::plan;
+
+#[derive(Parser, Debug)]
+#[command(name = "berth", version, about = "Workloads that outlive their control plane and drain on real shutdown")]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand, Debug)]
+enum Verb {
+    /// Validate the configuration and show what the generator makes of it.
+    Check {
+        /// Read config under this directory instead of / (default: $BERTH_ROOT or /).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
+    /// Start enabled workloads that are not running, in order (run by berth-autostart.service).
+    Autostart,
+    /// Stop every workload in reverse start order (ExecStop of berth-drain.service).
+    Drain,
+    /// The resident supervisor (run by berth-daemon.service).
+    Daemon,
+    /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
+    #[command(hide = true)]
+    NotConfigured { name: String },
+}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match cli.verb {
+        Verb::Check { root } => check(&root.map(Root::new).unwrap_or_else(Root::from_env)),
+        Verb::Autostart => placeholder("autostart"),
+        Verb::Drain => placeholder("drain"),
+        Verb::Daemon => daemon(),
+        Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
+    }
+}
+
+fn check(root: &Root) -> i32 {
+    let loaded = config::load(root);
+    print!("{}", check_report(&loaded));
+    if loaded.is_clean() { 0 } else { 1 }
+}
+
+/// What `berth check` prints: problems per file, or the units in short.
+pub fn check_report(loaded: &Loaded) -> String {
+    let mut out = String::new();
+    if !loaded.is_clean() {
+        for e in &loaded.errors {
+            out.push_str(&format!("error: {e}\n"));
+        }
+        if loaded.host_fell_back {
+            out.push_str("note: with these host errors the generator uses built-in defaults for the drain and the daemon\n");
+        }
+        out.push_str(&format!(
+            "{} problem(s); the generator skips the files named above and writes the rest\n",
+            loaded.errors.len()
+        ));
+        return out;
+    }
+    let host = &loaded.host;
+    match loaded.host_files.as_slice() {
+        [] => out.push_str("host: no berth.toml, built-in defaults\n"),
+        files => {
+            for f in files {
+                out.push_str(&format!("host: {} ok\n", f.display()));
+            }
+        }
+    }
+    out.push_str(&format!(
+        "berth-drain.service: TimeoutStopSec={}s (deadline {}s + {}s), {} at a time, after {}\n",
+        plan::drain_timeout_stop_s(host.drain_deadline_s),
+        host.drain_deadline_s,
+        plan::DRAIN_EXIT_MARGIN_S,
+        host.drain_parallelism,
+        plan::drain_after(host, &loaded.workloads).join(" "),
+    ));
+    if host.daemon.enabled {
+        out.push_str(&format!(
+            "berth-daemon.service: wanted by berth.target, WatchdogSec={}\n",
+            host.daemon.watchdog_s
+        ));
+    } else {
+        out.push_str("berth-daemon.service: not wanted ([daemon] enabled = false)\n");
+    }
+    if loaded.workloads.is_empty() {
+        out.push_str("no workloads\n");
+    }
+    for group in plan::start_groups(&loaded.workloads) {
+        out.push_str(&format!("order {}:\n", group[0].order));
+        for w in group {
+            let WorkloadKind::Command { exec, .. } = &w.kind;
+            let stop = match w.stop_action {
+                config::StopAction::PowerOff => "power_off".to_string(),
+                config::StopAction::GuestShutdown => format!(
+                    "guest_shutdown within {}s{}",
+                    w.stop_delay_s,
+                    if w.force_off_on_timeout { ", then force off" } else { ", never forced" }
+                ),
+            };
+            out.push_str(&format!(
+                "  {} ({}){}{}: {} — stop: {}\n",
+                w.unit_name(),
+                w.source.display(),
+                if w.autostart { "" } else { " [no autostart]" },
+                if w.start_delay_s > 0 { format!(" [then wait {}s]", w.start_delay_s) } else { String::new() },
+                exec[0],
+                stop,
+            ));
+        }
+    }
+    for m in &loaded.masked {
+        out.push_str(&format!("masked: {m}\n"));
+    }
+    if !loaded.workloads.is_empty() {
+        out.push_str(&format!(
+            "worst-case drain: {}s without the deadline; the deadline is {}s\n",
+            plan::worst_case_drain_s(host, &loaded.workloads),
+            host.drain_deadline_s
+        ));
+    }
+    out
+}
+
+/// Until the D-Bus helpers land, autostart and drain only say that they ran,
+/// so the unit topology around them can be proven on its own.
+fn placeholder(verb: &str) -> i32 {
+    let loaded = config::load(&Root::from_env());
+    eprintln!(
+        "berth {verb}: ran ({} workloads configured); acting on workloads arrives with the D-Bus helpers",
+        loaded.workloads.len()
+    );
+    0
+}
+
+fn not_configured(root: &Root, name: &str) -> i32 {
+    match config::load_one(root, name) {
+        Ok(_) => eprintln!(
+            "berth: workload {name:?} is configured, but this unit has no command from the generator; \
+             run `systemctl daemon-reload`"
+        ),
+        Err(errors) if errors.is_empty() => eprintln!(
+            "berth: workload {name:?} is not defined: there is no workloads/{name}.toml in any berth \
+             config directory (see berth.toml(5))"
+        ),
+        Err(errors) => {
+            eprintln!("berth: workload {name:?} cannot start, its file has errors:");
+            for e in errors {
+                eprintln!("  {e}");
+            }
+        }
+    }
+    1
+}
+
+/// Minimal supervisor until the resident daemon lands: it tells systemd it
+/// is ready and feeds the watchdog, and touches no workload.
+fn daemon() -> i32 {
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("idle: supervision arrives in a later release"),
+    ]);
+    let interval = sd_notify::watchdog_enabled()
+        .map(|timeout| timeout / 2)
+        .unwrap_or(Duration::from_secs(3600));
+    loop {
+        std::thread::sleep(interval);
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+    }
+}

@@ -1,0 +1,301 @@
+//! `berth.toml` and its `berth.toml.d/*.toml` fragments.
+
+use std::path::{Path, PathBuf};
+
+use toml::Table;
+
+use super::read::{Origin, Reader, merge, parse_file};
+use super::workload::check_unit_list;
+use super::{ConfigError, Manager};
+use crate::plan;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSettings {
+    /// Stops in flight at once within one drain group.
+    pub drain_parallelism: u32,
+    pub force_off_on_timeout: bool,
+    /// Bound on the whole drain.
+    pub drain_deadline_s: u64,
+    pub default_stop_delay_s: u64,
+    /// Units the drain must run before on shutdown (they stay up until the
+    /// drain is done).
+    pub drain_after: Vec<String>,
+    pub daemon: DaemonSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSettings {
+    pub enabled: bool,
+    /// 0 disables the watchdog.
+    pub watchdog_s: u64,
+    pub reconcile_interval_s: u64,
+    /// 0 disables the record sweep.
+    pub gc_interval_s: u64,
+    pub api: bool,
+    pub socket: PathBuf,
+}
+
+impl Default for HostSettings {
+    fn default() -> Self {
+        HostSettings {
+            drain_parallelism: 4,
+            force_off_on_timeout: true,
+            drain_deadline_s: 180,
+            default_stop_delay_s: 60,
+            drain_after: Vec::new(),
+            daemon: DaemonSettings::default(),
+        }
+    }
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        DaemonSettings {
+            enabled: true,
+            watchdog_s: 30,
+            reconcile_interval_s: 5,
+            gc_interval_s: 0,
+            api: true,
+            socket: PathBuf::from("/run/berthd/api.sock"),
+        }
+    }
+}
+
+const HOST_KEYS: &[&str] = &[
+    "drain_parallelism",
+    "force_off_on_timeout",
+    "drain_deadline_s",
+    "default_stop_delay_s",
+    "drain_after",
+    "daemon",
+];
+const DAEMON_KEYS: &[&str] = &[
+    "enabled",
+    "watchdog_s",
+    "reconcile_interval_s",
+    "gc_interval_s",
+    "api",
+    "socket",
+];
+
+/// The longest a stop delay may be: a day. Longer is a typo, not a policy.
+pub(super) const MAX_DELAY_S: i64 = 86_400;
+/// `sun_path` holds 108 bytes including the terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Merges and validates the host files (main file first, then fragments).
+/// Any error rejects the whole host config: the caller falls back to
+/// defaults rather than mixing half of an admin's intent with defaults.
+pub(super) fn load(files: &[PathBuf], manager: Manager) -> Result<HostSettings, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let mut merged = Table::new();
+    let mut origin = Origin::single(files.first().map(PathBuf::as_path).unwrap_or(Path::new(
+        "berth.toml",
+    )));
+    for file in files {
+        match parse_file(file) {
+            Ok(table) => {
+                origin.record("", &table, file);
+                merge(&mut merged, table);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let settings = validate(&merged, &origin, manager, &mut errors);
+    if errors.is_empty() {
+        Ok(settings)
+    } else {
+        Err(errors)
+    }
+}
+
+fn validate(
+    table: &Table,
+    origin: &Origin,
+    manager: Manager,
+    errors: &mut Vec<ConfigError>,
+) -> HostSettings {
+    let d = HostSettings::default();
+    let mut r = Reader::new(table, "", origin);
+    let drain_parallelism = r.int("drain_parallelism", d.drain_parallelism.into(), 1, 4096) as u32;
+    let force_off_on_timeout = r.bool("force_off_on_timeout", d.force_off_on_timeout);
+    let default_stop_delay_s =
+        r.int("default_stop_delay_s", d.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
+
+    let drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
+    if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
+        r.error("drain_deadline_s", reason);
+    }
+
+    let mut drain_after = Vec::new();
+    if let Some(list) = r.text_list("drain_after", "unit name") {
+        let file = r.file_of("drain_after");
+        if let Err(e) = check_unit_list(&list, file, &r.key_path("drain_after"), None) {
+            r.errors.push(e);
+        } else {
+            drain_after = list;
+        }
+    }
+
+    let mut daemon = d.daemon.clone();
+    if let Some(t) = r.opt_table("daemon") {
+        let mut dr = Reader::new(t, "daemon", r.origin());
+        daemon.enabled = dr.bool("enabled", daemon.enabled);
+        daemon.watchdog_s = dr.int("watchdog_s", daemon.watchdog_s as i64, 0, 3600) as u64;
+        daemon.reconcile_interval_s =
+            dr.int("reconcile_interval_s", daemon.reconcile_interval_s as i64, 1, 3600) as u64;
+        daemon.gc_interval_s =
+            dr.int("gc_interval_s", daemon.gc_interval_s as i64, 0, MAX_DELAY_S) as u64;
+        daemon.api = dr.bool("api", daemon.api);
+        if let Some(socket) = dr.opt_text("socket") {
+            if !socket.starts_with('/') {
+                dr.error("socket", format!("must be an absolute path, not {socket:?}"));
+            } else if socket.len() > MAX_SOCKET_PATH {
+                dr.error(
+                    "socket",
+                    format!(
+                        "is {} bytes long; a Unix socket path holds at most {MAX_SOCKET_PATH}",
+                        socket.len()
+                    ),
+                );
+            } else {
+                daemon.socket = PathBuf::from(socket);
+            }
+        }
+        errors.append(&mut dr.finish(DAEMON_KEYS));
+    }
+    errors.append(&mut r.finish(HOST_KEYS));
+
+    HostSettings {
+        drain_parallelism,
+        force_off_on_timeout,
+        drain_deadline_s,
+        default_stop_delay_s,
+        drain_after,
+        daemon,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Result<HostSettings, Vec<ConfigError>> {
+        let table: Table = text.parse().unwrap();
+        let origin = Origin::single(Path::new("/etc/berth/berth.toml"));
+        let mut errors = Vec::new();
+        let s = validate(&table, &origin, Manager::System, &mut errors);
+        if errors.is_empty() { Ok(s) } else { Err(errors) }
+    }
+
+    fn messages(text: &str) -> Vec<String> {
+        check(text).unwrap_err().iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let s = check("").unwrap();
+        assert_eq!(s, HostSettings::default());
+        assert_eq!(s.drain_parallelism, 4);
+        assert_eq!(s.drain_deadline_s, 180);
+        assert_eq!(s.default_stop_delay_s, 60);
+        assert!(s.daemon.enabled);
+        assert_eq!(s.daemon.socket, Path::new("/run/berthd/api.sock"));
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let s = check(
+            r#"
+            drain_parallelism = 8
+            force_off_on_timeout = false
+            drain_deadline_s = 600
+            default_stop_delay_s = 20
+            drain_after = ["libvirtd.service"]
+            [daemon]
+            enabled = false
+            watchdog_s = 0
+            reconcile_interval_s = 9
+            gc_interval_s = 3600
+            api = false
+            socket = "/run/berthd/other.sock"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.drain_parallelism, 8);
+        assert!(!s.force_off_on_timeout);
+        assert_eq!(s.drain_deadline_s, 600);
+        assert_eq!(s.default_stop_delay_s, 20);
+        assert_eq!(s.drain_after, vec!["libvirtd.service"]);
+        assert!(!s.daemon.enabled);
+        assert_eq!(s.daemon.watchdog_s, 0);
+        assert_eq!(s.daemon.reconcile_interval_s, 9);
+        assert_eq!(s.daemon.gc_interval_s, 3600);
+        assert!(!s.daemon.api);
+        assert_eq!(s.daemon.socket, Path::new("/run/berthd/other.sock"));
+    }
+
+    #[test]
+    fn errors_name_file_key_reason_and_numbers() {
+        assert_eq!(
+            messages("drain_parallelism = 0"),
+            ["/etc/berth/berth.toml: drain_parallelism: must be from 1 to 4096, not 0"]
+        );
+        assert_eq!(
+            messages("drain_parallelism = \"4\""),
+            ["/etc/berth/berth.toml: drain_parallelism: must be an integer, not string"]
+        );
+        let m = messages("[daemon]\nwatchdog = 3");
+        assert_eq!(m.len(), 1);
+        assert!(m[0].starts_with("/etc/berth/berth.toml: daemon.watchdog: unknown key"), "{m:?}");
+        let m = messages("drain_deadline_s = 1790");
+        assert_eq!(m.len(), 1);
+        assert!(m[0].contains("drain_deadline_s"), "{m:?}");
+        assert!(m[0].contains("1820") && m[0].contains("1800") && m[0].contains("1770"), "{m:?}");
+    }
+
+    #[test]
+    fn several_errors_are_all_reported() {
+        let m = messages("drain_parallelism = -1\ndefault_stop_delay_s = 0\nbogus = 1");
+        assert_eq!(m.len(), 3, "{m:?}");
+    }
+
+    #[test]
+    fn drain_after_rejects_units_the_drain_stops() {
+        let m = messages(r#"drain_after = ["berth@web.service"]"#);
+        assert_eq!(m.len(), 1);
+        assert!(m[0].contains("drain_after[0]") && m[0].contains("deadlock"), "{m:?}");
+        let m = messages(r#"drain_after = ["not a unit"]"#);
+        assert!(m[0].contains("not a valid unit name"), "{m:?}");
+    }
+
+    #[test]
+    fn socket_path_must_fit_sun_path() {
+        let long = format!("[daemon]\nsocket = \"/{}\"", "x".repeat(120));
+        assert!(messages(&long)[0].contains("at most 107"));
+        assert!(messages("[daemon]\nsocket = \"rel.sock\"")[0].contains("absolute"));
+    }
+
+    #[test]
+    fn merge_tracks_which_fragment_set_a_key() {
+        let dir = std::env::temp_dir().join(format!("berth-host-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let main = dir.join("berth.toml");
+        let frag = dir.join("10-x.toml");
+        std::fs::write(&main, "drain_parallelism = 2\n[daemon]\nwatchdog_s = 10\n").unwrap();
+        std::fs::write(&frag, "[daemon]\napi = \"no\"\n").unwrap();
+        let errs = load(&[main.clone(), frag.clone()], Manager::System).unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].file, frag);
+        assert_eq!(errs[0].key.as_deref(), Some("daemon.api"));
+        std::fs::write(&frag, "[daemon]\napi = false\n").unwrap();
+        let s = load(&[main, frag], Manager::System).unwrap();
+        assert_eq!(s.drain_parallelism, 2);
+        assert_eq!(s.daemon.watchdog_s, 10, "fragment merges key by key");
+        assert!(!s.daemon.api);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

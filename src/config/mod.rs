@@ -1,0 +1,149 @@
+//! Configuration: find the files (with masking across the config
+//! directories), parse and merge them, then validate into typed settings.
+//!
+//! Every problem becomes a [`ConfigError`] naming the file, the key and the
+//! reason. Loading never stops at the first problem: a broken workload file
+//! is reported and left out, a broken host file falls back to built-in
+//! defaults, and everything else is still returned.
+
+mod host;
+mod passthrough;
+mod read;
+mod source;
+mod workload;
+
+pub use host::{DaemonSettings, HostSettings};
+pub use passthrough::{PassthroughKind, passthrough_rule};
+pub use source::Discovered;
+pub use workload::{StopAction, Workload, WorkloadKind, is_valid_workload_name};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::paths::{Root, WORKLOAD_DIR};
+
+/// One problem in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// Dotted key path (`daemon.watchdog_s`, `service.MemoryMax`), when the
+    /// problem is about one key.
+    pub key: Option<String>,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn file(file: &Path, reason: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.to_path_buf(),
+            key: None,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn key(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.to_path_buf(),
+            key: Some(key.into()),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{}: {}: {}", self.file.display(), key, self.reason),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What the manager the units are for allows; decides which deadlines fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Manager {
+    System,
+}
+
+/// Everything berth knows from config, good and bad.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub host: HostSettings,
+    /// The host files that were read, main file first, then fragments in
+    /// merge order. Empty when there is no host config at all.
+    pub host_files: Vec<PathBuf>,
+    /// True when the host config had errors and `host` holds the built-in
+    /// defaults instead.
+    pub host_fell_back: bool,
+    /// Valid workloads, sorted by name.
+    pub workloads: Vec<Workload>,
+    /// Names whose workload file was masked (a symlink to /dev/null).
+    pub masked: Vec<String>,
+    pub errors: Vec<ConfigError>,
+}
+
+impl Loaded {
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    pub fn workload(&self, name: &str) -> Option<&Workload> {
+        self.workloads.iter().find(|w| w.name == name)
+    }
+}
+
+/// Loads and validates everything under `root`.
+pub fn load(root: &Root) -> Loaded {
+    let found = source::discover(root);
+    load_discovered(found, Manager::System)
+}
+
+fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
+    let mut errors = found.errors;
+
+    let (host, host_fell_back) = match host::load(&found.host_files, manager) {
+        Ok(host) => (host, false),
+        Err(mut host_errors) => {
+            errors.append(&mut host_errors);
+            (HostSettings::default(), true)
+        }
+    };
+
+    let mut workloads = Vec::with_capacity(found.workloads.len());
+    for (name, path) in &found.workloads {
+        match workload::load(name, path, &host) {
+            Ok(w) => workloads.push(w),
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+
+    Loaded {
+        host,
+        host_files: found.host_files,
+        host_fell_back,
+        workloads,
+        masked: found.masked,
+        errors,
+    }
+}
+
+/// Loads one workload by name the way the generator would, for the
+/// template's fallback message and for helpers that need one definition.
+pub fn load_one(root: &Root, name: &str) -> Result<Workload, Vec<ConfigError>> {
+    let loaded = load(root);
+    if let Some(w) = loaded.workload(name) {
+        return Ok(w.clone());
+    }
+    let file_name = format!("{name}.toml");
+    let mine: Vec<ConfigError> = loaded
+        .errors
+        .into_iter()
+        .filter(|e| {
+            e.file.file_name().and_then(|f| f.to_str()) == Some(file_name.as_str())
+                && e.file.parent().and_then(|p| p.file_name()) == Some(std::ffi::OsStr::new(WORKLOAD_DIR))
+        })
+        .collect();
+    Err(mine)
+}

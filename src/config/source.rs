@@ -1,0 +1,169 @@
+//! Finding config files across the config directories.
+//!
+//! The rules are systemd's for unit files: directories are searched highest
+//! precedence first; a file in a higher directory masks a same-named file in
+//! a lower one; a symlink to /dev/null masks without replacing. Only
+//! `*.toml` files count, hidden files (editor and package-manager leftovers
+//! often start with a dot) are ignored.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::ConfigError;
+use super::workload::is_valid_workload_name;
+use crate::paths::{CONFIG_DIRS, HOST_FILE, HOST_FRAGMENT_DIR, Root, WORKLOAD_DIR};
+
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// `berth.toml` (if any), then fragments in lexical order of file name.
+    pub host_files: Vec<PathBuf>,
+    /// Workload name → its winning file, sorted by name.
+    pub workloads: Vec<(String, PathBuf)>,
+    pub masked: Vec<String>,
+    pub errors: Vec<ConfigError>,
+}
+
+pub fn discover(root: &Root) -> Discovered {
+    let mut found = Discovered::default();
+    let dirs: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| root.join(d)).collect();
+
+    for dir in &dirs {
+        let path = dir.join(HOST_FILE);
+        match entry_state(&path) {
+            Entry::Missing => continue,
+            Entry::Masked => break,
+            Entry::File => {
+                found.host_files.push(path);
+                break;
+            }
+            Entry::Unreadable(e) => {
+                found.errors.push(ConfigError::file(&path, e));
+                break;
+            }
+        }
+    }
+
+    let (fragments, _) = winners(
+        &dirs.iter().map(|d| d.join(HOST_FRAGMENT_DIR)).collect::<Vec<_>>(),
+        &mut found.errors,
+    );
+    found.host_files.extend(fragments.into_values());
+
+    let (workloads, masked) = winners(
+        &dirs.iter().map(|d| d.join(WORKLOAD_DIR)).collect::<Vec<_>>(),
+        &mut found.errors,
+    );
+    for (file_name, path) in workloads {
+        let name = file_name.trim_end_matches(".toml");
+        if is_valid_workload_name(name) {
+            found.workloads.push((name.to_string(), path));
+        } else {
+            found.errors.push(ConfigError::file(
+                &path,
+                format!(
+                    "{name:?} is not a valid workload name (the file stem is the name): use 1-64 \
+                     characters from A-Z a-z 0-9 _ . - starting with a letter or digit"
+                ),
+            ));
+        }
+    }
+    found.masked = masked
+        .into_iter()
+        .map(|n| n.trim_end_matches(".toml").to_string())
+        .collect();
+    found
+}
+
+enum Entry {
+    Missing,
+    Masked,
+    File,
+    Unreadable(String),
+}
+
+fn entry_state(path: &Path) -> Entry {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Entry::Missing,
+        Err(e) => Entry::Unreadable(format!("cannot read: {e}")),
+        Ok(meta) => {
+            if meta.file_type().is_symlink()
+                && fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
+            {
+                return Entry::Masked;
+            }
+            match fs::metadata(path) {
+                Ok(m) if m.is_file() => Entry::File,
+                Ok(_) => Entry::Unreadable("not a regular file".into()),
+                Err(e) => Entry::Unreadable(format!("cannot read: {e}")),
+            }
+        }
+    }
+}
+
+enum Winner {
+    File(PathBuf),
+    Masked,
+    Broken,
+}
+
+/// For each `*.toml` name across `dirs`, the file from the highest directory.
+/// Returns (winners by file name, masked file names).
+fn winners(
+    dirs: &[PathBuf],
+    errors: &mut Vec<ConfigError>,
+) -> (BTreeMap<String, PathBuf>, Vec<String>) {
+    // Lowest precedence first, so that higher directories overwrite.
+    let mut by_name: BTreeMap<String, Winner> = BTreeMap::new();
+    for dir in dirs.iter().rev() {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                errors.push(ConfigError::file(dir, format!("cannot list directory: {e}")));
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let Ok(file_name) = entry.file_name().into_string() else {
+                errors.push(ConfigError::file(
+                    &entry.path(),
+                    "file name is not valid UTF-8; ignored",
+                ));
+                continue;
+            };
+            if file_name.starts_with('.') || !file_name.ends_with(".toml") {
+                continue;
+            }
+            let path = entry.path();
+            match entry_state(&path) {
+                Entry::Missing => {}
+                Entry::Masked => {
+                    by_name.insert(file_name, Winner::Masked);
+                }
+                Entry::File => {
+                    by_name.insert(file_name, Winner::File(path));
+                }
+                Entry::Unreadable(e) => {
+                    errors.push(ConfigError::file(&path, e));
+                    // A broken higher file still hides the lower one: never
+                    // silently fall back to a definition the admin overrode.
+                    by_name.insert(file_name, Winner::Broken);
+                }
+            }
+        }
+    }
+    let mut live = BTreeMap::new();
+    let mut masked = Vec::new();
+    for (name, winner) in by_name {
+        match winner {
+            Winner::File(p) => {
+                live.insert(name, p);
+            }
+            Winner::Masked => masked.push(name),
+            Winner::Broken => {}
+        }
+    }
+    (live, masked)
+}

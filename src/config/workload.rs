@@ -1,0 +1,468 @@
+//! `workloads/NAME.toml`: one workload per file, NAME is the file stem.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use toml::Value;
+
+use super::host::{HostSettings, MAX_DELAY_S};
+use super::passthrough::{self, ServiceSetting};
+use super::read::{Origin, Reader, control_char, describe_control, parse_file};
+use super::ConfigError;
+
+/// Longest workload name. With `berth@` and `.service` around it the unit
+/// name stays far below systemd's 255, and it fits a file name anywhere.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Workload names are unit instance names, file stems and freeze-flag file
+/// names at once, so they use a charset that needs no escaping anywhere:
+/// `[A-Za-z0-9][A-Za-z0-9_.-]{0,63}`.
+pub fn is_valid_workload_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && name.len() <= MAX_NAME_LEN
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopAction {
+    /// Ask the workload to stop (its `stop_exec`, else the unit's
+    /// KillSignal) and wait up to its stop delay.
+    GuestShutdown,
+    /// Kill it at once: for workloads whose state is disposable.
+    PowerOff,
+}
+
+impl StopAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopAction::GuestShutdown => "guest_shutdown",
+            StopAction::PowerOff => "power_off",
+        }
+    }
+}
+
+/// How the workload's process comes to be. One kind today; externally
+/// managed guests and workloads created at run time are later kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkloadKind {
+    /// The unit runs `exec` as its main process.
+    Command {
+        exec: Vec<String>,
+        /// A graceful stop command that blocks until the workload is down.
+        stop_exec: Option<Vec<String>>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub name: String,
+    pub source: PathBuf,
+    pub description: Option<String>,
+    pub kind: WorkloadKind,
+    pub autostart: bool,
+    pub order: i64,
+    pub start_delay_s: u64,
+    pub stop_action: StopAction,
+    /// Resolved: the workload's own or the host default.
+    pub stop_delay_s: u64,
+    /// Resolved: the workload's own or the host default.
+    pub force_off_on_timeout: bool,
+    pub after: Vec<String>,
+    pub wants: Vec<String>,
+    pub environment: BTreeMap<String, String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    /// `[service]` pass-through, validated, in key order.
+    pub service: Vec<ServiceSetting>,
+}
+
+impl Workload {
+    pub fn unit_name(&self) -> String {
+        unit_name(&self.name)
+    }
+}
+
+pub fn unit_name(workload: &str) -> String {
+    format!("berth@{workload}.service")
+}
+
+const WORKLOAD_KEYS: &[&str] = &[
+    "exec",
+    "description",
+    "autostart",
+    "order",
+    "start_delay_s",
+    "stop_action",
+    "stop_delay_s",
+    "force_off_on_timeout",
+    "stop_exec",
+    "after",
+    "wants",
+    "environment",
+    "user",
+    "group",
+    "service",
+];
+
+/// Units berth ships; a workload may not order itself against them (the
+/// autostart waits for workload starts, the drain stops workloads: either
+/// way round is a deadlock).
+pub const PACKAGED_UNITS: &[&str] = &[
+    "berth.target",
+    "berth.slice",
+    "berth-drain.service",
+    "berth-autostart.service",
+    "berth-daemon.service",
+    "berth@.service",
+];
+
+pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
+    let table = parse_file(path).map_err(|e| vec![e])?;
+    let origin = Origin::single(path);
+    let mut r = Reader::new(&table, "", &origin);
+    let mut errors = Vec::new();
+
+    let exec = match r.take("exec") {
+        None => {
+            r.error("exec", "missing; every workload needs the command to run, as a list: exec = [\"/usr/bin/prog\", \"arg\"]");
+            None
+        }
+        Some(v) => argv(&mut r, "exec", v),
+    };
+    let stop_exec = r.take("stop_exec").and_then(|v| argv(&mut r, "stop_exec", v));
+
+    let description = r.opt_text("description").and_then(|d| {
+        if d.len() > 512 {
+            r.error("description", format!("is {} bytes long; at most 512", d.len()));
+            None
+        } else if d.ends_with('\\') {
+            // A trailing backslash continues the line in a unit file.
+            r.error("description", "must not end with a backslash");
+            None
+        } else {
+            Some(d)
+        }
+    });
+
+    let autostart = r.bool("autostart", true);
+    let order = r.int("order", 0, -1_000_000, 1_000_000);
+    let start_delay_s = r.int("start_delay_s", 0, 0, 3600) as u64;
+    let stop_action = match r.opt_text("stop_action").as_deref() {
+        None | Some("guest_shutdown") => StopAction::GuestShutdown,
+        Some("power_off") => StopAction::PowerOff,
+        Some(other) => {
+            r.error(
+                "stop_action",
+                format!("must be \"guest_shutdown\" or \"power_off\", not {other:?}"),
+            );
+            StopAction::GuestShutdown
+        }
+    };
+    let stop_delay_s = r.int("stop_delay_s", host.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
+    let force_off_on_timeout = r.bool("force_off_on_timeout", host.force_off_on_timeout);
+
+    let mut after = Vec::new();
+    let mut wants = Vec::new();
+    for (key, out) in [("after", &mut after), ("wants", &mut wants)] {
+        if let Some(list) = r.text_list(key, "unit name") {
+            match check_unit_list(&list, path, key, Some(name)) {
+                Ok(()) => *out = list,
+                Err(e) => r.errors.push(e),
+            }
+        }
+    }
+
+    let mut environment = BTreeMap::new();
+    if let Some(env) = r.opt_table("environment") {
+        for (var, value) in env {
+            let key = format!("environment.{var}");
+            if !is_env_name(var) {
+                r.error(&key, "variable names use A-Z a-z 0-9 _ and do not start with a digit");
+                continue;
+            }
+            match value {
+                Value::String(s) => match control_char(s) {
+                    Some(c) => r.error(&key, describe_control(c)),
+                    None => {
+                        environment.insert(var.clone(), s.clone());
+                    }
+                },
+                other => r.error(&key, format!("must be a string, not {}", other.type_str())),
+            }
+        }
+    }
+
+    let user = r.opt_text("user").filter(|u| account_name_ok(&mut r, "user", u));
+    let group = r.opt_text("group").filter(|g| account_name_ok(&mut r, "group", g));
+
+    let mut service = Vec::new();
+    if let Some(t) = r.opt_table("service") {
+        service = passthrough::validate(t, path, &mut r.errors);
+    }
+
+    errors.append(&mut r.finish(WORKLOAD_KEYS));
+    match exec {
+        Some(exec) if errors.is_empty() => Ok(Workload {
+            name: name.to_string(),
+            source: path.to_path_buf(),
+            description,
+            kind: WorkloadKind::Command { exec, stop_exec },
+            autostart,
+            order,
+            start_delay_s,
+            stop_action,
+            stop_delay_s,
+            force_off_on_timeout,
+            after,
+            wants,
+            environment,
+            user,
+            group,
+            service,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// An argv for `exec`/`stop_exec`: a non-empty list of strings whose first
+/// item is an absolute path or a bare command name (which systemd looks up
+/// in its fixed search path).
+fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
+    let Value::Array(items) = value else {
+        r.error(
+            key,
+            format!(
+                "must be a list of strings (the argv), not {}; e.g. {key} = [\"/usr/bin/prog\", \"--flag\"]",
+                value.type_str()
+            ),
+        );
+        return None;
+    };
+    if items.is_empty() {
+        r.error(key, "must not be empty: the first item is the program to run");
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::String(s) = item else {
+            r.error(&format!("{key}[{i}]"), format!("must be a string, not {}", item.type_str()));
+            return None;
+        };
+        if let Some(c) = control_char(s) {
+            r.error(&format!("{key}[{i}]"), describe_control(c));
+            return None;
+        }
+        out.push(s.clone());
+    }
+    let program = &out[0];
+    let bare = !program.is_empty()
+        && program
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '+'))
+        && program.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if !(program.starts_with('/') || bare) {
+        r.error(
+            &format!("{key}[0]"),
+            format!("{program:?} must be an absolute path or a plain command name"),
+        );
+        return None;
+    }
+    Some(out)
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// User and group names as Debian's adduser accepts them, or a numeric id.
+fn account_name_ok(r: &mut Reader, key: &str, name: &str) -> bool {
+    let numeric = !name.is_empty() && name.len() <= 10 && name.chars().all(|c| c.is_ascii_digit());
+    let body = name.strip_suffix('$').unwrap_or(name);
+    let named = (1..=32).contains(&body.len())
+        && body.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && body
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if numeric || named {
+        true
+    } else {
+        r.error(key, format!("{name:?} is not a valid {key} name or numeric id"));
+        false
+    }
+}
+
+/// Unit types a workload may name in `after`/`wants`, and the drain in
+/// `drain_after`.
+const UNIT_SUFFIXES: &[&str] = &[
+    ".service", ".socket", ".target", ".mount", ".automount", ".device", ".path", ".timer",
+    ".swap", ".slice", ".scope",
+];
+
+pub fn is_valid_unit_name(name: &str) -> bool {
+    let Some(suffix) = UNIT_SUFFIXES.iter().find(|s| name.ends_with(*s)) else {
+        return false;
+    };
+    let stem = &name[..name.len() - suffix.len()];
+    let (prefix, instance) = match stem.split_once('@') {
+        Some((p, i)) => (p, Some(i)),
+        None => (stem, None),
+    };
+    let ok = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '.' | '-' | '\\'))
+    };
+    name.len() <= 255
+        && !prefix.is_empty()
+        && ok(prefix)
+        && instance.is_none_or(|i| !i.contains('@') && ok(i))
+}
+
+/// Validates a list of unit names for `after`/`wants` (with `workload`
+/// set) or `drain_after` (without). Returns the first problem.
+pub(super) fn check_unit_list(
+    list: &[String],
+    file: &Path,
+    key: &str,
+    workload: Option<&str>,
+) -> Result<(), ConfigError> {
+    for (i, unit) in list.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        if !is_valid_unit_name(unit) {
+            return Err(ConfigError::key(
+                file,
+                at,
+                format!("{unit:?} is not a valid unit name (e.g. \"network-online.target\")"),
+            ));
+        }
+        if PACKAGED_UNITS.contains(&unit.as_str()) {
+            return Err(ConfigError::key(
+                file,
+                at,
+                format!("{unit} is one of berth's own units; ordering against it would deadlock boot or shutdown"),
+            ));
+        }
+        let instance = unit
+            .strip_prefix("berth@")
+            .and_then(|u| u.strip_suffix(".service"));
+        match (instance, workload) {
+            (Some(_), None) => {
+                return Err(ConfigError::key(
+                    file,
+                    at,
+                    format!("{unit} is a workload the drain stops itself; waiting for it would deadlock the shutdown"),
+                ));
+            }
+            (Some(other), Some(me)) if other == me => {
+                return Err(ConfigError::key(file, at, "a workload cannot depend on itself"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_text(text: &str) -> Result<Workload, Vec<String>> {
+        let dir = std::env::temp_dir().join(format!(
+            "berth-wl-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("web.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = load("web", &path, &HostSettings::default())
+            .map_err(|es| es.iter().map(|e| e.to_string().replace(&*dir.to_string_lossy(), "D")).collect());
+        std::fs::remove_dir_all(&dir).unwrap();
+        out
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "web-1", "db_2.main", "A9", &"x".repeat(64)] {
+            assert!(is_valid_workload_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "_a", "a b", "a/b", "a@b", "ä", "a\\x2d", &"x".repeat(65)] {
+            assert!(!is_valid_workload_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unit_names() {
+        for ok in ["network-online.target", "libvirtd.service", "getty@tty1.service", "x\\x2dy.mount"] {
+            assert!(is_valid_unit_name(ok), "{ok}");
+        }
+        for bad in ["libvirtd", "a b.service", ".service", "a@b@c.service", "x.conf", "a;b.service"] {
+            assert!(!is_valid_unit_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn minimal_workload_takes_host_defaults() {
+        let w = load_text(r#"exec = ["/bin/sleep", "infinity"]"#).unwrap();
+        assert_eq!(w.name, "web");
+        assert_eq!(w.unit_name(), "berth@web.service");
+        assert!(w.autostart);
+        assert_eq!(w.order, 0);
+        assert_eq!(w.stop_delay_s, 60);
+        assert!(w.force_off_on_timeout);
+        assert_eq!(w.stop_action, StopAction::GuestShutdown);
+        assert_eq!(
+            w.kind,
+            WorkloadKind::Command { exec: vec!["/bin/sleep".into(), "infinity".into()], stop_exec: None }
+        );
+    }
+
+    #[test]
+    fn missing_exec_and_bad_values_are_all_named() {
+        let e = load_text("order = \"first\"\nstop_action = \"halt\"\nfoo = 1").unwrap_err();
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(e.iter().any(|m| m.starts_with("D/web.toml: exec: missing")));
+        assert!(e.iter().any(|m| m == "D/web.toml: order: must be an integer, not string"));
+        assert!(e.iter().any(|m| m.contains("stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\"")));
+        assert!(e.iter().any(|m| m.starts_with("D/web.toml: foo: unknown key")));
+    }
+
+    #[test]
+    fn argv_rules() {
+        assert!(load_text(r#"exec = "/bin/true""#).unwrap_err()[0].contains("exec: must be a list of strings"));
+        assert!(load_text("exec = []").unwrap_err()[0].contains("must not be empty"));
+        assert!(load_text(r#"exec = ["bin/x"]"#).unwrap_err()[0].contains("exec[0]"));
+        assert!(load_text(r#"exec = ["-x"]"#).unwrap_err()[0].contains("absolute path or a plain command"));
+        assert!(load_text(r#"exec = ["/bin/x", "a\nb"]"#).unwrap_err()[0].contains("exec[1]: contains the control character U+000A"));
+        assert!(load_text(r#"exec = ["/bin/x", 3]"#).unwrap_err()[0].contains("exec[1]: must be a string, not integer"));
+        assert!(load_text(r#"exec = ["sleep", "1"]"#).is_ok());
+    }
+
+    #[test]
+    fn dependency_rules() {
+        let e = load_text("exec = [\"/x\"]\nafter = [\"berth-drain.service\"]").unwrap_err();
+        assert!(e[0].contains("after[0]: berth-drain.service is one of berth's own units"), "{e:?}");
+        let e = load_text("exec = [\"/x\"]\nwants = [\"berth@web.service\"]").unwrap_err();
+        assert!(e[0].contains("wants[0]: a workload cannot depend on itself"), "{e:?}");
+        let w = load_text("exec = [\"/x\"]\nafter = [\"berth@db.service\", \"network-online.target\"]").unwrap();
+        assert_eq!(w.after, ["berth@db.service", "network-online.target"]);
+    }
+
+    #[test]
+    fn environment_user_group() {
+        let w = load_text("exec = [\"/x\"]\nuser = \"nobody\"\ngroup = \"65534\"\n[environment]\nA_1 = \"x y %h $Z\"").unwrap();
+        assert_eq!(w.environment["A_1"], "x y %h $Z");
+        assert_eq!(w.user.as_deref(), Some("nobody"));
+        assert_eq!(w.group.as_deref(), Some("65534"));
+        let e = load_text("exec = [\"/x\"]\nuser = \"bad name\"\n[environment]\n\"1X\" = \"v\"\nY = 2").unwrap_err();
+        assert_eq!(e.len(), 3, "{e:?}");
+    }
+
+    #[test]
+    fn description_limits() {
+        assert!(load_text("exec = [\"/x\"]\ndescription = 'ends with \\'").unwrap_err()[0].contains("backslash"));
+        assert_eq!(load_text("exec = [\"/x\"]\ndescription = \"Web 100%\"").unwrap().description.as_deref(), Some("Web 100%"));
+    }
+}

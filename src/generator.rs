@@ -1,0 +1,147 @@
+//! `berth-generator`: systemd.generator(7) that turns berth's config into
+//! drop-ins and wants-links on top of the packaged units.
+//!
+//! A pure function of (root, environment, config): everything it writes
+//! comes from [`render::render_all`]. It writes only into the first
+//! (normal-priority) directory, never wants a workload instance (systemd
+//! would start it at boot, ignoring freezes and start order), and never
+//! stops at a bad file: that file is reported and left out, everything else
+//! is written, and the exit status is 1 at the end.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use crate::config;
+use crate::log::Logger;
+use crate::paths::Root;
+use crate::render::{self, Content, OutputFile};
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_FAILURE: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+
+const USAGE: &str = "usage: berth-generator NORMAL-DIR [EARLY-DIR LATE-DIR]\n       berth-generator --dry-run";
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Mode {
+    Write(PathBuf),
+    DryRun,
+}
+
+pub fn parse_args(args: &[String]) -> Result<Mode, String> {
+    let dry_run = args.iter().any(|a| a == "--dry-run");
+    if let Some(bad) = args.iter().find(|a| a.starts_with('-') && *a != "--dry-run") {
+        return Err(format!("unknown option {bad}\n{USAGE}"));
+    }
+    let dirs: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    match (dry_run, dirs.as_slice()) {
+        (true, []) => Ok(Mode::DryRun),
+        (false, [normal]) | (false, [normal, _, _]) => Ok(Mode::Write(PathBuf::from(normal))),
+        _ => Err(USAGE.to_string()),
+    }
+}
+
+/// Runs the generator; returns the exit status.
+pub fn run(args: &[String]) -> i32 {
+    let mode = match parse_args(args) {
+        Ok(m) => m,
+        Err(msg) => {
+            eprintln!("berth-generator: {msg}");
+            return EXIT_USAGE;
+        }
+    };
+    let root = Root::from_env();
+    // Test runs (a re-rooted tree, --dry-run) keep the host's kernel log clean.
+    let real_boot = mode != Mode::DryRun && std::env::var_os("BERTH_ROOT").is_none();
+    let mut log = Logger::new("berth-generator", real_boot);
+
+    let loaded = config::load(&root);
+    for e in &loaded.errors {
+        log.error(&e.to_string());
+    }
+    if loaded.host_fell_back {
+        log.warning(
+            "host config has errors: berth-drain.service and berth-daemon.service use built-in defaults",
+        );
+    }
+    let files = render::render_all(&root, &loaded);
+
+    let written = match &mode {
+        Mode::DryRun => {
+            let mut out = io::stdout().lock();
+            out.write_all(dry_run_text(&files).as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|e| format!("cannot write to stdout: {e}"))
+        }
+        Mode::Write(dir) => write_files(dir, &files),
+    };
+    if let Err(msg) = written {
+        log.error(&msg);
+        return EXIT_FAILURE;
+    }
+    if loaded.is_clean() { EXIT_OK } else { EXIT_FAILURE }
+}
+
+/// Writes `files` under `dir`. Generator output directories start empty
+/// on every run; an existing file is an error, not something to overwrite.
+pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
+    let mut made_dirs: Vec<&str> = Vec::new();
+    for f in files {
+        let path = dir.join(&f.path);
+        let parent = f.path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+        if !parent.is_empty() && !made_dirs.contains(&parent) {
+            fs::create_dir(dir.join(parent))
+                .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) })
+                .map_err(|e| format!("cannot create {}: {e}", dir.join(parent).display()))?;
+            made_dirs.push(parent);
+        }
+        let result = match &f.content {
+            Content::Text(text) => fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .and_then(|mut file| file.write_all(text.as_bytes())),
+            Content::Symlink(target) => symlink(target, &path),
+        };
+        result.map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--dry-run` output: each file under a `# path` header.
+pub fn dry_run_text(files: &[OutputFile]) -> String {
+    let mut out = String::new();
+    for f in files {
+        match &f.content {
+            Content::Text(text) => {
+                out.push_str(&format!("# {}\n", f.path));
+                out.push_str(text);
+                out.push('\n');
+            }
+            Content::Symlink(target) => out.push_str(&format!("# {} -> {target}\n\n", f.path)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments() {
+        assert_eq!(parse_args(&args(&["/a"])), Ok(Mode::Write("/a".into())));
+        assert_eq!(parse_args(&args(&["/a", "/b", "/c"])), Ok(Mode::Write("/a".into())));
+        assert_eq!(parse_args(&args(&["--dry-run"])), Ok(Mode::DryRun));
+        assert!(parse_args(&args(&[])).is_err());
+        assert!(parse_args(&args(&["/a", "/b"])).is_err());
+        assert!(parse_args(&args(&["--dry-run", "/a"])).is_err());
+        assert!(parse_args(&args(&["-x", "/a"])).is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! berth: workloads that outlive their control plane and drain on real
+//! shutdown, encoded in systemd unit topology.
+//!
+//! Data flows `config` (load, merge, validate) → `plan` (pure ordering and
+//! budgets) → `render` (unit text, the one escaper) → `generator` (writes
+//! it). The `berth` binary's verbs live in `cli`.
+
+pub mod cli;
+pub mod config;
+pub mod generator;
+pub mod log;
+pub mod paths;
+pub mod plan;
+pub mod render;
