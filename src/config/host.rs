@@ -141,6 +141,7 @@ fn validate(
     }
 
     let mut daemon = d.daemon.clone();
+    let mut daemon_errors = Vec::new();
     if let Some(t) = r.opt_table("daemon") {
         let mut dr = Reader::new(t, "daemon", r.origin());
         daemon.enabled = dr.bool("enabled", daemon.enabled);
@@ -165,9 +166,10 @@ fn validate(
                 daemon.socket = PathBuf::from(socket);
             }
         }
-        errors.append(&mut dr.finish(DAEMON_KEYS));
+        daemon_errors = dr.finish(DAEMON_KEYS);
     }
     errors.append(&mut r.finish(HOST_KEYS));
+    errors.append(&mut daemon_errors);
 
     HostSettings {
         drain_parallelism,

@@ -13,16 +13,18 @@ use super::ConfigError;
 pub(super) fn parse_file(path: &Path) -> Result<Table, ConfigError> {
     let text = fs::read_to_string(path)
         .map_err(|e| ConfigError::file(path, format!("cannot read: {e}")))?;
-    text.parse::<Table>()
-        .map_err(|e| ConfigError::file(path, format!("not valid TOML: {}", one_line(&e.to_string()))))
-}
-
-fn one_line(s: &str) -> String {
-    s.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+    text.parse::<Table>().map_err(|e| {
+        let at = match e.span() {
+            Some(span) => {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                format!(" at line {line}, column {column}")
+            }
+            None => String::new(),
+        };
+        ConfigError::file(path, format!("not valid TOML{at}: {}", e.message().trim()))
+    })
 }
 
 /// Which file each key came from, for merged configs.
@@ -247,12 +249,55 @@ impl<'a> Reader<'a> {
             .filter(|k| !self.seen.contains(&k.as_str()))
             .collect();
         for key in unknown {
-            let hint = match known.iter().find(|k| k.eq_ignore_ascii_case(key)) {
+            let hint = match known.iter().find(|k| similar(k, key)) {
                 Some(k) => format!("unknown key (did you mean {k:?}?)"),
                 None => format!("unknown key; known keys here: {}", known.join(", ")),
             };
             self.error(key, hint);
         }
         self.errors
+    }
+}
+
+/// Close enough to be a typo: same letters ignoring case, or at most two
+/// edits apart (`stop_delay` for `stop_delay_s`).
+fn similar(known: &str, typed: &str) -> bool {
+    known.eq_ignore_ascii_case(typed) || edit_distance(&known.to_lowercase(), &typed.to_lowercase()) <= 2
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let subst = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = subst.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typo_hints() {
+        assert!(similar("stop_delay_s", "stop_delay"));
+        assert!(similar("exec", "Exec"));
+        assert!(!similar("exec", "environment"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn toml_errors_say_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.toml");
+        std::fs::write(&p, "a = 1\nexec = [\"/x\"\n").unwrap();
+        let e = parse_file(&p).unwrap_err().to_string();
+        assert!(e.contains("not valid TOML at line 2, column"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 }

@@ -1,0 +1,83 @@
+# berth — build, install, test.
+#
+#   make                      build binaries and units (release)
+#   make install DESTDIR= PREFIX=
+#   make check                the whole test suite (root: boots systemd in containers)
+#   make demo                 a throwaway systemd container running the examples
+#
+# Directory variables follow the GNU conventions; the systemd ones default
+# to what pkg-config's systemd.pc says (on Debian 12 that is /lib/...,
+# whatever PREFIX is, because that is where that systemd looks).
+
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share
+MANDIR ?= $(DATADIR)/man
+PKG_CONFIG ?= pkg-config
+systemd_var = $(or $(shell $(PKG_CONFIG) --variable=$(1) systemd 2>/dev/null),$(2))
+SYSTEMD_SYSTEM_UNIT_DIR ?= $(call systemd_var,systemdsystemunitdir,$(PREFIX)/lib/systemd/system)
+SYSTEMD_SYSTEM_GENERATOR_DIR ?= $(call systemd_var,systemdsystemgeneratordir,$(PREFIX)/lib/systemd/system-generators)
+
+CARGO ?= cargo
+CARGO_FLAGS ?= --locked
+BUILD_DIR ?= build
+TARGET_DIR := $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+ifeq ($(TARGET_DIR),)
+TARGET_DIR := target
+endif
+RELEASE_DIR := $(TARGET_DIR)/release
+
+UNITS_PLAIN := berth.target berth.slice
+UNITS_IN := berth-drain.service berth-autostart.service berth-daemon.service berth@.service
+UNITS := $(UNITS_PLAIN) $(UNITS_IN)
+
+INSTALL ?= install
+
+.PHONY: all build units install uninstall check demo bench clean FORCE
+all: build units
+
+build:
+	$(CARGO) build --release $(CARGO_FLAGS)
+
+# Units name the binary by absolute path; BINDIR is substituted here.
+units: $(addprefix $(BUILD_DIR)/units/,$(UNITS))
+
+$(BUILD_DIR)/units/%: units/%.in $(BUILD_DIR)/bindir.stamp
+	@mkdir -p $(@D)
+	sed 's|@BINDIR@|$(BINDIR)|g' $< > $@.tmp && mv $@.tmp $@
+
+# Rewritten only when BINDIR changes, so `make install PREFIX=...` after a
+# plain `make` regenerates the units instead of installing stale paths.
+$(BUILD_DIR)/bindir.stamp: FORCE
+	@mkdir -p $(@D)
+	@echo '$(BINDIR)' | cmp -s - $@ || echo '$(BINDIR)' > $@
+
+$(BUILD_DIR)/units/%: units/%
+	@mkdir -p $(@D)
+	cp $< $@
+
+install: all
+	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
+	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
+	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)
+	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
+
+# The whole suite: unit, golden, verify and escaper tests, then the
+# container scenarios against a real systemd.
+check: all
+	$(CARGO) test $(CARGO_FLAGS)
+	tests/harness/run
+
+demo: all
+	tests/harness/demo
+
+bench: all
+	bench/generator.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,107 @@
+//! Golden trees: for each tests/generator/NN-case, run the real generator
+//! binary on `root/` and compare its output with `expected/` (file list
+//! first, then content), its exit status with `exit-status` and its stderr
+//! with `stderr` (the root path written as $ROOT).
+//!
+//! BERTH_UPDATE_GOLDEN=1 rewrites the expectations; review the diff.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use common::{Entry, generator_bin, golden_cases, tree};
+
+fn run_case(case: &Path) -> Result<(), String> {
+    let root = case.join("root");
+    let out = tempfile::tempdir().unwrap();
+    let normal = out.path().join("normal");
+    let (early, late) = (out.path().join("early"), out.path().join("late"));
+    for d in [&normal, &early, &late] {
+        fs::create_dir(d).unwrap();
+    }
+    let result = Command::new(generator_bin())
+        .args([&normal, &early, &late])
+        .env("BERTH_ROOT", &root)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr).replace(&*root.to_string_lossy(), "$ROOT");
+    let status = result.status.code().unwrap_or(-1).to_string();
+
+    assert!(tree(&early).is_empty() && tree(&late).is_empty(), "{}: wrote outside the normal directory", case.display());
+
+    let expected_dir = case.join("expected");
+    if std::env::var_os("BERTH_UPDATE_GOLDEN").is_some() {
+        let _ = fs::remove_dir_all(&expected_dir);
+        fs::create_dir_all(&expected_dir).unwrap();
+        copy_tree(&normal, &expected_dir);
+        fs::write(case.join("exit-status"), format!("{status}\n")).unwrap();
+        fs::write(case.join("stderr"), &stderr).unwrap();
+        return Ok(());
+    }
+
+    let got = tree(&normal);
+    let want = tree(&expected_dir);
+    let names = |t: &[(String, Entry)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    if names(&got) != names(&want) {
+        return Err(format!("file list differs:\n  got:  {:?}\n  want: {:?}", names(&got), names(&want)));
+    }
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        if g != w {
+            return Err(format!("{name} differs:\n--- got\n{g:?}\n--- want\n{w:?}"));
+        }
+    }
+    let want_status = fs::read_to_string(case.join("exit-status")).unwrap();
+    if status != want_status.trim() {
+        return Err(format!("exit status {status}, want {}; stderr:\n{stderr}", want_status.trim()));
+    }
+    let want_stderr = fs::read_to_string(case.join("stderr")).unwrap();
+    if stderr != want_stderr {
+        return Err(format!("stderr differs:\n--- got\n{stderr}--- want\n{want_stderr}"));
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for (rel, entry) in tree(from) {
+        let dest = to.join(&rel);
+        fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        match entry {
+            Entry::File(text) => fs::write(&dest, text).unwrap(),
+            Entry::Link(target) => std::os::unix::fs::symlink(target, &dest).unwrap(),
+        }
+    }
+}
+
+#[test]
+fn golden_trees() {
+    let mut failures = Vec::new();
+    let cases = golden_cases();
+    for case in &cases {
+        if let Err(e) = run_case(case) {
+            failures.push(format!("{}: {e}", case.file_name().unwrap().to_string_lossy()));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+}
+
+/// --dry-run prints exactly what a real run writes.
+#[test]
+fn dry_run_matches_written_output() {
+    for case in golden_cases() {
+        let root = case.join("root");
+        let out = Command::new(generator_bin()).arg("--dry-run").env("BERTH_ROOT", &root).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        for (name, entry) in tree(&case.join("expected")) {
+            match entry {
+                Entry::File(content) => assert!(
+                    text.contains(&format!("# {name}\n{content}")),
+                    "{}: --dry-run lacks {name}",
+                    case.display()
+                ),
+                Entry::Link(target) => assert!(text.contains(&format!("# {name} -> {target}\n"))),
+            }
+        }
+    }
+}
