@@ -1,0 +1,107 @@
+//! The exit-code contract of both binaries: 0 success, 1 runtime or
+//! config error, 2 usage error.
+
+mod common;
+
+use std::fs;
+use std::process::{Command, Output};
+
+use common::{berth_bin, generator_bin, repo};
+
+fn run(bin: &str, args: &[&str], root: Option<&std::path::Path>) -> Output {
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    match root {
+        Some(r) => cmd.env("BERTH_ROOT", r),
+        None => cmd.env_remove("BERTH_ROOT"),
+    };
+    cmd.output().unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited, not killed")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn generator_usage_errors_exit_2() {
+    for args in [&[][..], &["a", "b"], &["-x", "/tmp"], &["--dry-run", "/tmp"], &["a", "b", "c", "d"]] {
+        let o = run(generator_bin(), args, Some(&repo().join("tests/generator/01-minimal/root")));
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("usage: berth-generator"), "{args:?}");
+    }
+}
+
+#[test]
+fn generator_success_config_error_and_runtime_error() {
+    let good = repo().join("tests/generator/01-minimal/root");
+    let broken = repo().join("tests/generator/04-broken/root");
+    let out = tempfile::tempdir().unwrap();
+
+    let dir = out.path().join("good");
+    fs::create_dir(&dir).unwrap();
+    assert_eq!(code(&run(generator_bin(), &[dir.to_str().unwrap()], Some(&good))), 0);
+
+    // A bad file: reported, the rest written, exit 1 at the end.
+    let dir = out.path().join("broken");
+    fs::create_dir(&dir).unwrap();
+    let o = run(generator_bin(), &[dir.to_str().unwrap()], Some(&broken));
+    assert_eq!(code(&o), 1);
+    assert!(dir.join("berth@good.service.d/10-berth.conf").is_file());
+    assert!(dir.join("berth-drain.service.d/10-berth.conf").is_file());
+
+    // Output directory that cannot be written: runtime error, exit 1.
+    let o = run(generator_bin(), &["/nonexistent/berth-out"], Some(&good));
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("cannot create /nonexistent/berth-out/"), "{}", stderr(&o));
+
+    // A non-empty output directory is not silently overwritten.
+    let dir = out.path().join("good");
+    let o = run(generator_bin(), &[dir.to_str().unwrap()], Some(&good));
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+
+    // --dry-run writes nothing and exits like a real run.
+    assert_eq!(code(&run(generator_bin(), &["--dry-run"], Some(&good))), 0);
+    assert_eq!(code(&run(generator_bin(), &["--dry-run"], Some(&broken))), 1);
+}
+
+#[test]
+fn berth_check_contract() {
+    let good = repo().join("tests/generator/02-full/root");
+    let broken = repo().join("tests/generator/04-broken/root");
+
+    let o = run(berth_bin(), &["check", "--root", good.to_str().unwrap()], None);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("berth@vm1.service"), "{text}");
+    assert!(text.contains("TimeoutStopSec=630s"), "{text}");
+
+    // BERTH_ROOT works as well as --root.
+    assert_eq!(code(&run(berth_bin(), &["check"], Some(&good))), 0);
+
+    let o = run(berth_bin(), &["check", "--root", broken.to_str().unwrap()], None);
+    assert_eq!(code(&o), 1);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("no-exec.toml: exec: missing"), "{text}");
+    assert!(text.contains("lifecycle.toml: service.Restart:"), "{text}");
+
+    for args in [&[][..], &["frobnicate"], &["check", "--bogus"], &["check", "--root"]] {
+        assert_eq!(code(&run(berth_bin(), args, None)), 2, "{args:?}");
+    }
+    assert_eq!(code(&run(berth_bin(), &["--help"], None)), 0);
+    assert_eq!(code(&run(berth_bin(), &["--version"], None)), 0);
+}
+
+#[test]
+fn template_fallback_explains_and_fails() {
+    let root = repo().join("tests/generator/04-broken/root");
+    let o = run(berth_bin(), &["not-configured", "nosuch"], Some(&root));
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("\"nosuch\" is not defined"), "{}", stderr(&o));
+    let o = run(berth_bin(), &["not-configured", "no-exec"], Some(&root));
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("no-exec.toml: exec: missing"), "{}", stderr(&o));
+}
