@@ -46,6 +46,8 @@ pub enum PassthroughKind {
     /// Space-separated tokens of `[A-Za-z0-9_@:~+.-]` (syscall filters,
     /// capabilities, address families); a TOML list or a string.
     Words,
+    /// A boolean, or words as for `Words` (RestrictNamespaces=).
+    BoolOrWords,
     /// Space-separated absolute paths, each optionally prefixed by `-` or `+`.
     Paths,
     /// Octal file mode mask: `0027`.
@@ -115,7 +117,7 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("ReadOnlyPaths", Paths),
     ("ReadWritePaths", Paths),
     ("RestrictAddressFamilies", Words),
-    ("RestrictNamespaces", Words),
+    ("RestrictNamespaces", BoolOrWords),
     ("StandardError", Enum(&["inherit", "null", "journal", "kmsg", "journal+console", "kmsg+console"])),
     ("StandardOutput", Enum(&["inherit", "null", "journal", "kmsg", "journal+console", "kmsg+console"])),
     ("StartupCPUWeight", Weight),
@@ -206,7 +208,7 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
     match (kind, value) {
         (Bool, Value::Boolean(b)) => Ok(yes_no(*b)),
         (Bool, other) => Err(format!("must be true or false, not {}", other.type_str())),
-        (BoolOr(_), Value::Boolean(b)) => Ok(yes_no(*b)),
+        (BoolOr(_) | BoolOrWords, Value::Boolean(b)) => Ok(yes_no(*b)),
         (BoolOr(words) | Enum(words), Value::String(s)) => {
             if words.contains(&s.as_str()) {
                 Ok(s.clone())
@@ -231,7 +233,7 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
             }
         }
         (Bytes | Tasks | Rlimit, Value::Integer(n)) if *n >= 0 => Ok(n.to_string()),
-        (Words | Paths, Value::Array(items)) => {
+        (Words | BoolOrWords | Paths, Value::Array(items)) => {
             let mut words = Vec::with_capacity(items.len());
             for item in items {
                 match item {
@@ -265,6 +267,7 @@ fn expectation(kind: PassthroughKind) -> &'static str {
         Duration => "a time span like \"90s\" or \"5min\", or \"infinity\"",
         Enum(_) | BoolOr(_) => "a string",
         Words => "a list of words or one string of space-separated words",
+        BoolOrWords => "true, false, or a list of words",
         Paths => "a list of absolute paths",
         UMask => "an octal mask string like \"0027\"",
         Identifier => "a string of A-Z a-z 0-9 _ . -",
@@ -283,7 +286,7 @@ fn check_string(kind: PassthroughKind, s: &str) -> Result<(), String> {
         Duration => s == "infinity" || duration(s),
         UMask => s.len() <= 4 && !s.is_empty() && s.chars().all(|c| ('0'..='7').contains(&c)),
         Identifier => !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')),
-        Words | Paths => return check_words(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>()),
+        Words | BoolOrWords | Paths => return check_words(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>()),
         Weight | Int(..) | Bool => false,
         Enum(_) | BoolOr(_) => unreachable!("handled by render_value"),
     };
@@ -296,7 +299,7 @@ fn check_words(kind: PassthroughKind, words: &[&str]) -> Result<(), String> {
     }
     for w in words {
         let ok = match kind {
-            Words => !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | ':' | '~' | '+' | '.' | '-')),
+            Words | BoolOrWords => !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | ':' | '~' | '+' | '.' | '-')),
             Paths => {
                 let p = w.trim_start_matches(['-', '+']);
                 p.starts_with('/')
@@ -405,6 +408,8 @@ mod tests {
         assert_eq!(one("TimeoutStartSec", "\"5min 20s\""), Ok("TimeoutStartSec=5min 20s".into()));
         assert_eq!(one("AllowedCPUs", "\"0-3,6\""), Ok("AllowedCPUs=0-3,6".into()));
         assert_eq!(one("UMask", "\"0027\""), Ok("UMask=0027".into()));
+        assert_eq!(one("RestrictNamespaces", "true"), Ok("RestrictNamespaces=yes".into()));
+        assert_eq!(one("RestrictNamespaces", "[\"~user\", \"~net\"]"), Ok("RestrictNamespaces=~user ~net".into()));
     }
 
     #[test]

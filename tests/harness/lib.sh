@@ -1,0 +1,237 @@
+# shellcheck shell=bash
+# The container harness: boots a real systemd (Debian's, in systemd-nspawn)
+# on a debootstrapped root with berth installed by `make install`, runs
+# commands inside, powers it off and collects what it left behind.
+#
+# Facts this rests on: ../../shared/notes/real-systemd.md (outside the repo)
+# and berth.units(7). Sourced by tests/harness/run, the scenarios and the demo.
+
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HARNESS_DIR=${HARNESS_DIR:-$REPO/target/harness}
+SUITE=${HARNESS_SUITE:-bookworm}
+# What the root needs beyond minbase: systemd as init, the bus, and what a
+# user manager needs (pam_systemd, the user bus) for later user-mode tests.
+INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,dbus-user-session
+BASE=$HARNESS_DIR/base-$SUITE
+ROOTFS=$HARNESS_DIR/root-$SUITE
+BOOT_TIMEOUT=${HARNESS_BOOT_TIMEOUT:-90}
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "harness: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------
+# Requirements: outside CI a missing requirement skips loudly; under
+# CI=true it fails, so CI never counts a skip as a pass.
+# ---------------------------------------------------------------------------
+harness_missing() {
+    local missing=()
+    [ "$(id -u)" = 0 ] || missing+=("root")
+    command -v systemd-nspawn >/dev/null || missing+=("systemd-nspawn (apt-get install systemd-container)")
+    command -v debootstrap >/dev/null || missing+=("debootstrap (apt-get install debootstrap)")
+    command -v python3 >/dev/null || missing+=("python3")
+    if [ ${#missing[@]} -gt 0 ]; then
+        printf '%s, ' "${missing[@]}" | sed 's/, $//'
+    fi
+}
+
+# ---------------------------------------------------------------------------
+# The root file system.
+# ---------------------------------------------------------------------------
+apt_mirror() {
+    local m
+    m=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | grep -v security | head -n1 || true)
+    [ -n "$m" ] || m=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+    printf '%s\n' "${m:-http://deb.debian.org/debian}"
+}
+
+# A pristine debootstrapped root, built once and reused while its recipe
+# is unchanged (CI starts from a fresh clone, so CI builds it fresh).
+harness_base() {
+    local stamp="$SUITE $INCLUDE"
+    if [ -f "$BASE/.berth-harness" ] && [ "$(cat "$BASE/.berth-harness")" = "$stamp" ]; then
+        return
+    fi
+    log "harness: debootstrap $SUITE into $BASE (about 40 s)"
+    rm -rf "$BASE" "$BASE.tmp"
+    mkdir -p "$HARNESS_DIR"
+    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$BASE.tmp" "$(apt_mirror)" \
+        >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
+    printf '%s\n' "$stamp" >"$BASE.tmp/.berth-harness"
+    mv "$BASE.tmp" "$BASE"
+}
+
+# A fresh copy of the base with berth installed the way a packager would
+# (make install DESTDIR=… PREFIX=/usr) and berth.target enabled, plus the
+# harness's own test programs under /opt/berth-test.
+harness_prepare() {
+    harness_base
+    log "harness: installing berth into $ROOTFS"
+    rm -rf "$ROOTFS"
+    cp -a "$BASE" "$ROOTFS"
+    make -s -C "$REPO" install DESTDIR="$ROOTFS" PREFIX=/usr BUILD_DIR="$HARNESS_DIR/build" >/dev/null
+    systemctl --root="$ROOTFS" enable berth.target >/dev/null 2>&1 || die "systemctl --root enable berth.target failed"
+    install -d "$ROOTFS/opt/berth-test"
+    install -m755 "$REPO"/tests/harness/bin/* "$ROOTFS/opt/berth-test/"
+    # Nothing but what a test asks for: no getty on the console.
+    systemctl --root="$ROOTFS" mask console-getty.service >/dev/null 2>&1 || true
+    touch "$HARNESS_DIR/.prepared"
+}
+
+# ---------------------------------------------------------------------------
+# Containers. One at a time per scenario; state in CT_* variables.
+# ---------------------------------------------------------------------------
+CT_PID=
+CT_NSPAWN=
+
+# ct_boot NAME CONFIG-DIR [KERNEL-ARG...]
+# Boots the prepared root as an overlay (changes vanish at exit) with
+#   /etc/berth        ← a copy of CONFIG-DIR, writable from the host as $CT_DIR/etc-berth
+#   /out              ← $CT_DIR/out, for files that must survive power-off
+#   /var/log/journal  ← $CT_DIR/journal, read afterwards with ct_journal
+# and waits until boot is done.
+ct_boot() {
+    local name=$1 config=$2
+    shift 2
+    CT_NAME=berth-$name-$$
+    CT_DIR=$HARNESS_DIR/run/$name
+    rm -rf "$CT_DIR"
+    mkdir -p "$CT_DIR/out" "$CT_DIR/journal" "$CT_DIR/etc-berth"
+    chmod 1777 "$CT_DIR/out"
+    if [ -n "$config" ]; then
+        cp -a "$config/." "$CT_DIR/etc-berth/"
+    fi
+    systemd-nspawn --quiet --register=no --keep-unit -D "$ROOTFS" --volatile=overlay -b \
+        --machine="$CT_NAME" \
+        --bind="$CT_DIR/out:/out" \
+        --bind="$CT_DIR/etc-berth:/etc/berth" \
+        --bind="$CT_DIR/journal:/var/log/journal" \
+        systemd.firstboot=off systemd.unit=multi-user.target "$@" \
+        </dev/null >"$CT_DIR/console.log" 2>&1 &
+    CT_NSPAWN=$!
+    local i
+    # nspawn forks short-lived helpers first: wait for the child that is
+    # systemd itself.
+    local child
+    for i in $(seq 100); do
+        CT_PID=
+        for child in $(pgrep -P "$CT_NSPAWN" || true); do
+            if [ "$(cat "/proc/$child/comm" 2>/dev/null)" = systemd ]; then CT_PID=$child; fi
+        done
+        [ -n "$CT_PID" ] && break
+        kill -0 "$CT_NSPAWN" 2>/dev/null || die "systemd-nspawn exited at once; see $CT_DIR/console.log"
+        sleep 0.1
+    done
+    [ -n "$CT_PID" ] || die "no container PID 1 after 10 s"
+    # is-system-running needs the manager up; retry until its socket answers.
+    local state=
+    for i in $(seq "$BOOT_TIMEOUT"); do
+        state=$(timeout "$BOOT_TIMEOUT" nsenter -t "$CT_PID" -a systemctl is-system-running --wait 2>/dev/null || true)
+        case "$state" in running | degraded) break ;; esac
+        sleep 1
+    done
+    case "$state" in
+        running | degraded) ;;
+        *) die "container $CT_NAME did not finish booting (state '$state'); see $CT_DIR/console.log" ;;
+    esac
+}
+
+# Runs a command inside the container.
+ct() { nsenter -t "$CT_PID" -a "$@"; }
+
+# ct_prop UNIT PROPERTY: one property value.
+ct_prop() { ct systemctl show -P "$2" "$1"; }
+
+# ct_poweroff: a real shutdown transaction; waits until the container is gone.
+ct_poweroff() {
+    ct systemctl poweroff --no-block >/dev/null 2>&1 || true
+    ct_wait_exit "${1:-120}"
+}
+
+ct_wait_exit() {
+    local limit=$1 i
+    for i in $(seq $((limit * 5))); do
+        kill -0 "$CT_NSPAWN" 2>/dev/null || { wait "$CT_NSPAWN" 2>/dev/null || true; CT_PID=; return 0; }
+        sleep 0.2
+    done
+    die "container $CT_NAME still running ${limit} s after power-off"
+}
+
+# The container's journal, from the host (works after power-off).
+ct_journal() { journalctl --directory="$(find "$CT_DIR/journal" -mindepth 1 -maxdepth 1 -type d | head -n1)" --no-pager "$@"; }
+
+ct_cleanup() {
+    if [ -n "$CT_NSPAWN" ] && kill -0 "$CT_NSPAWN" 2>/dev/null; then
+        kill "$CT_NSPAWN" 2>/dev/null || true
+        sleep 5
+        kill -9 "$CT_NSPAWN" 2>/dev/null || true
+    fi
+}
+
+# ---------------------------------------------------------------------------
+# Assertions. Each prints one line; the scenario's summary counts them.
+# ---------------------------------------------------------------------------
+PASSED=0
+FAILED=0
+ok() { PASSED=$((PASSED + 1)); printf '  ok    %s\n' "$1"; }
+not_ok() {
+    FAILED=$((FAILED + 1))
+    printf '  FAIL  %s\n' "$1"
+    [ -z "${2:-}" ] || printf '%s\n' "$2" | sed 's/^/        /'
+}
+
+# check DESCRIPTION COMMAND...: passes when COMMAND succeeds.
+check() {
+    local desc=$1 out
+    shift
+    if out=$("$@" 2>&1); then ok "$desc"; else not_ok "$desc" "$out"; fi
+}
+
+# check_eq DESCRIPTION EXPECTED ACTUAL
+check_eq() {
+    if [ "$2" = "$3" ]; then ok "$1"; else not_ok "$1" "expected: $2"$'\n'"actual:   $3"; fi
+}
+
+# check_contains DESCRIPTION NEEDLE HAYSTACK
+check_contains() {
+    case "$3" in
+        *"$2"*) ok "$1" ;;
+        *) not_ok "$1" "missing: $2"$'\n'"in: $3" ;;
+    esac
+}
+
+# check_lacks DESCRIPTION NEEDLE HAYSTACK
+check_lacks() {
+    case "$3" in
+        *"$2"*) not_ok "$1" "unexpected: $2"$'\n'"in: $3" ;;
+        *) ok "$1" ;;
+    esac
+}
+
+# Scenario entry point: prepares the root when run on its own, and reports
+# its counts (to $HARNESS_RESULTS when run by tests/harness/run).
+scenario_begin() {
+    SCENARIO=$1
+    log "== scenario $SCENARIO"
+    if [ -z "${HARNESS_PREPARED:-}" ]; then
+        local missing
+        missing=$(harness_missing)
+        [ -z "$missing" ] || die "missing: $missing"
+        harness_prepare
+    fi
+    trap scenario_end EXIT
+}
+
+scenario_end() {
+    local rc=$?
+    ct_cleanup
+    if [ "$rc" -ne 0 ] && [ "$FAILED" -eq 0 ]; then
+        FAILED=1
+        printf '  FAIL  scenario aborted (exit %s)\n' "$rc"
+    fi
+    printf '%s: %s passed, %s failed\n' "$SCENARIO" "$PASSED" "$FAILED"
+    [ -z "${HARNESS_RESULTS:-}" ] || printf '%s %s %s\n' "$SCENARIO" "$PASSED" "$FAILED" >>"$HARNESS_RESULTS"
+    [ "$FAILED" -eq 0 ]
+}
