@@ -2,7 +2,8 @@
 #
 #   make                      build binaries and units (release)
 #   make install DESTDIR= PREFIX=
-#   make check                the whole test suite (root: boots systemd in containers)
+#   make check                the whole test suite: lint, cargo tests, and
+#                             container scenarios (root: boots systemd)
 #   make demo                 a throwaway systemd container running the examples
 #
 # Directory variables follow the GNU conventions; the systemd ones default
@@ -27,14 +28,17 @@ TARGET_DIR := target
 endif
 RELEASE_DIR := $(TARGET_DIR)/release
 
+MAN_PAGES := $(patsubst man/%.scd,%,$(wildcard man/*.scd))
+SCDOC ?= scdoc
+
 UNITS_PLAIN := berth.target berth.slice
 UNITS_IN := berth-drain.service berth-autostart.service berth-daemon.service berth@.service
 UNITS := $(UNITS_PLAIN) $(UNITS_IN)
 
 INSTALL ?= install
 
-.PHONY: all build units install uninstall check demo bench clean FORCE
-all: build units
+.PHONY: all build units man install uninstall deps lint check demo bench clean FORCE
+all: build units man
 
 build:
 	$(CARGO) build --release $(CARGO_FLAGS)
@@ -56,23 +60,46 @@ $(BUILD_DIR)/units/%: units/%
 	@mkdir -p $(@D)
 	cp $< $@
 
+# Man pages: scdoc sources in man/NAME.SECTION.scd.
+man: $(addprefix $(BUILD_DIR)/man/,$(MAN_PAGES))
+
+$(BUILD_DIR)/man/%: man/%.scd
+	@mkdir -p $(@D)
+	$(SCDOC) < $< > $@.tmp && mv $@.tmp $@
+
 install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
+	for page in $(MAN_PAGES); do \
+		$(INSTALL) -Dm644 $(BUILD_DIR)/man/$$page $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page || exit 1; \
+	done
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
+	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
+
+# Debian packages the build and the suite need (a no-op when present).
+deps:
+	tests/harness/deps
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets $(CARGO_FLAGS) -- -D warnings
+	for page in $(MAN_PAGES); do mandoc -Tlint -W warning $(BUILD_DIR)/man/$$page || exit 1; done
 
 # The whole suite: unit, golden, verify and escaper tests, then the
 # container scenarios against a real systemd.
-check: all
+check: deps
+	$(MAKE) all
+	$(MAKE) lint
 	$(CARGO) test $(CARGO_FLAGS)
 	tests/harness/run
 
-demo: all
+demo: deps
+	$(MAKE) all
 	tests/harness/demo
 
 bench: all

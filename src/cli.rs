@@ -11,7 +11,11 @@ use crate::paths::Root;
 use crate::plan;
 
 #[derive(Parser, Debug)]
-#[command(name = "berth", version, about = "Workloads that outlive their control plane and drain on real shutdown")]
+#[command(
+    name = "berth",
+    version,
+    about = "Workloads that outlive their control plane and drain on real shutdown"
+)]
 struct Cli {
     #[command(subcommand)]
     verb: Verb,
@@ -112,7 +116,11 @@ pub fn check_report(loaded: &Loaded) -> String {
                 config::StopAction::GuestShutdown => format!(
                     "guest_shutdown within {}s{}",
                     w.stop_delay_s,
-                    if w.force_off_on_timeout { ", then force off" } else { ", never forced" }
+                    if w.force_off_on_timeout {
+                        ", then force off"
+                    } else {
+                        ", never forced"
+                    }
                 ),
             };
             out.push_str(&format!(
@@ -120,7 +128,11 @@ pub fn check_report(loaded: &Loaded) -> String {
                 w.unit_name(),
                 w.source.display(),
                 if w.autostart { "" } else { " [no autostart]" },
-                if w.start_delay_s > 0 { format!(" [then wait {}s]", w.start_delay_s) } else { String::new() },
+                if w.start_delay_s > 0 {
+                    format!(" [then wait {}s]", w.start_delay_s)
+                } else {
+                    String::new()
+                },
                 exec[0],
                 stop,
             ));

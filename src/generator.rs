@@ -22,7 +22,8 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 
-const USAGE: &str = "usage: berth-generator NORMAL-DIR [EARLY-DIR LATE-DIR]\n       berth-generator --dry-run";
+const USAGE: &str =
+    "usage: berth-generator NORMAL-DIR [EARLY-DIR LATE-DIR]\n       berth-generator --dry-run";
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -93,7 +94,13 @@ pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
         let parent = f.path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
         if !parent.is_empty() && !made_dirs.contains(&parent) {
             fs::create_dir(dir.join(parent))
-                .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) })
+                .or_else(|e| {
+                    if e.kind() == io::ErrorKind::AlreadyExists {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })
                 .map_err(|e| format!("cannot create {}: {e}", dir.join(parent).display()))?;
             made_dirs.push(parent);
         }
@@ -137,7 +144,10 @@ mod tests {
     #[test]
     fn arguments() {
         assert_eq!(parse_args(&args(&["/a"])), Ok(Mode::Write("/a".into())));
-        assert_eq!(parse_args(&args(&["/a", "/b", "/c"])), Ok(Mode::Write("/a".into())));
+        assert_eq!(
+            parse_args(&args(&["/a", "/b", "/c"])),
+            Ok(Mode::Write("/a".into()))
+        );
         assert_eq!(parse_args(&args(&["--dry-run"])), Ok(Mode::DryRun));
         assert!(parse_args(&args(&[])).is_err());
         assert!(parse_args(&args(&["/a", "/b"])).is_err());

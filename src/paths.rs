@@ -51,5 +51,4 @@ impl Root {
     pub fn join(&self, product_path: &str) -> PathBuf {
         self.0.join(product_path.trim_start_matches('/'))
     }
-
 }

@@ -65,7 +65,7 @@ pub fn workload_timeout_stop(w: &Workload) -> UnitStopTimeout {
 }
 
 /// Workloads grouped by `order`, ascending; names sorted within a group.
-pub fn start_groups<'a>(workloads: &'a [Workload]) -> Vec<Vec<&'a Workload>> {
+pub fn start_groups(workloads: &[Workload]) -> Vec<Vec<&Workload>> {
     let mut sorted: Vec<&Workload> = workloads.iter().collect();
     sorted.sort_by(|a, b| (a.order, &a.name).cmp(&(b.order, &b.name)));
     let mut groups: Vec<Vec<&Workload>> = Vec::new();
@@ -79,7 +79,7 @@ pub fn start_groups<'a>(workloads: &'a [Workload]) -> Vec<Vec<&'a Workload>> {
 }
 
 /// Drain groups: start groups in reverse.
-pub fn drain_groups<'a>(workloads: &'a [Workload]) -> Vec<Vec<&'a Workload>> {
+pub fn drain_groups(workloads: &[Workload]) -> Vec<Vec<&Workload>> {
     let mut groups = start_groups(workloads);
     groups.reverse();
     groups
@@ -126,7 +126,10 @@ mod tests {
             name: name.into(),
             source: format!("/etc/berth/workloads/{name}.toml").into(),
             description: None,
-            kind: WorkloadKind::Command { exec: vec!["/bin/true".into()], stop_exec: None },
+            kind: WorkloadKind::Command {
+                exec: vec!["/bin/true".into()],
+                stop_exec: None,
+            },
             autostart: true,
             order,
             start_delay_s: 0,
@@ -143,7 +146,10 @@ mod tests {
     }
 
     fn names(groups: &[Vec<&Workload>]) -> Vec<Vec<String>> {
-        groups.iter().map(|g| g.iter().map(|w| w.name.clone()).collect()).collect()
+        groups
+            .iter()
+            .map(|g| g.iter().map(|w| w.name.clone()).collect())
+            .collect()
     }
 
     #[test]
@@ -157,7 +163,10 @@ mod tests {
     fn deadline_limit_names_the_numbers() {
         assert!(check_drain_deadline(1770, Manager::System).is_ok());
         let e = check_drain_deadline(1771, Manager::System).unwrap_err();
-        assert!(e.contains("1801 s") && e.contains("1800 s") && e.contains("at most 1770 s"), "{e}");
+        assert!(
+            e.contains("1801 s") && e.contains("1800 s") && e.contains("at most 1770 s"),
+            "{e}"
+        );
         assert!(check_drain_deadline(u64::MAX, Manager::System).is_err());
     }
 
@@ -174,16 +183,29 @@ mod tests {
         let mut a = w("a", 0, 60);
         a.after = vec!["berth@b.service".into(), "network-online.target".into()];
         a.wants = vec!["libvirtd.service".into()];
-        let host = HostSettings { drain_after: vec!["iscsid.service".into()], ..Default::default() };
+        let host = HostSettings {
+            drain_after: vec!["iscsid.service".into()],
+            ..Default::default()
+        };
         assert_eq!(
             drain_after(&host, &[a]),
-            ["iscsid.service", "libvirtd.service", "local-fs.target", "network-online.target", "network.target", "remote-fs.target"]
+            [
+                "iscsid.service",
+                "libvirtd.service",
+                "local-fs.target",
+                "network-online.target",
+                "network.target",
+                "remote-fs.target"
+            ]
         );
     }
 
     #[test]
     fn worst_case_counts_rounds_per_group() {
-        let host = HostSettings { drain_parallelism: 2, ..Default::default() };
+        let host = HostSettings {
+            drain_parallelism: 2,
+            ..Default::default()
+        };
         // group 10: 3 workloads, 2 at a time → 2 rounds of 30; group 0: 1 round of 5.
         let ws = vec![w("a", 10, 30), w("b", 10, 10), w("c", 10, 30), w("d", 0, 5)];
         assert_eq!(worst_case_drain_s(&host, &ws), 65);

@@ -179,7 +179,11 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
         let _ = writeln!(service_lines, "Group={g}");
     }
     for (name, value) in &w.environment {
-        let _ = writeln!(service_lines, "Environment={}", environment_assignment(name, value));
+        let _ = writeln!(
+            service_lines,
+            "Environment={}",
+            environment_assignment(name, value)
+        );
     }
     match plan::workload_timeout_stop(w) {
         UnitStopTimeout::Seconds(s) => {
@@ -223,9 +227,15 @@ pub fn drain_drop_in(root: &Root, loaded: &Loaded) -> String {
     fill(
         DRAIN_TEMPLATE,
         &[
-            ("sources", &format!("{} and the workload files", sources(root, loaded))),
+            (
+                "sources",
+                &format!("{} and the workload files", sources(root, loaded)),
+            ),
             ("after_lines", &after_lines),
-            ("timeout", &plan::drain_timeout_stop_s(loaded.host.drain_deadline_s).to_string()),
+            (
+                "timeout",
+                &plan::drain_timeout_stop_s(loaded.host.drain_deadline_s).to_string(),
+            ),
         ],
     )
 }
@@ -277,24 +287,41 @@ mod tests {
     #[test]
     fn every_word_is_quoted_and_escaped() {
         assert_eq!(exec(&["/bin/echo", "plain"]), r#""/bin/echo" "plain""#);
-        assert_eq!(exec(&["/x", "%h", "$HOME", "${X}"]), r#""/x" "%%h" "$$HOME" "$${X}""#);
-        assert_eq!(exec(&["/x", "a\"b", "c\\d", "'q'"]), r#""/x" "a\"b" "c\\d" "'q'""#);
+        assert_eq!(
+            exec(&["/x", "%h", "$HOME", "${X}"]),
+            r#""/x" "%%h" "$$HOME" "$${X}""#
+        );
+        assert_eq!(
+            exec(&["/x", "a\"b", "c\\d", "'q'"]),
+            r#""/x" "a\"b" "c\\d" "'q'""#
+        );
         assert_eq!(exec(&["/x", ";", "", "a b", "ünï"]), r#""/x" ";" "" "a b" "ünï""#);
         assert_eq!(exec(&["/x", "\t\u{7f}\u{85}"]), r#""/x" "\x09\x7f\u0085""#);
     }
 
     #[test]
     fn environment_keeps_dollars_and_escapes_specifiers() {
-        assert_eq!(environment_assignment("A", "x $Y %h \"q\""), r#""A=x $Y %%h \"q\"""#);
+        assert_eq!(
+            environment_assignment("A", "x $Y %h \"q\""),
+            r#""A=x $Y %%h \"q\"""#
+        );
     }
 
     #[test]
     fn fill_never_rescans_config_text() {
         let out = fill(
             WORKLOAD_TEMPLATE,
-            &[("source", "{exec}"), ("unit_lines", "Description={service_lines}\n"), ("exec", "E"), ("service_lines", "")],
+            &[
+                ("source", "{exec}"),
+                ("unit_lines", "Description={service_lines}\n"),
+                ("exec", "E"),
+                ("service_lines", ""),
+            ],
         );
-        assert!(out.contains("SourcePath={exec}\nDescription={service_lines}\n"), "{out}");
+        assert!(
+            out.contains("SourcePath={exec}\nDescription={service_lines}\n"),
+            "{out}"
+        );
         assert!(out.contains("ExecStart=E\n"), "{out}");
     }
 }

@@ -37,12 +37,15 @@ impl Rng {
 /// Characters that mean something to unit-file parsing, plus ordinary
 /// ones, tab/DEL (escaped as \xNN) and multi-byte UTF-8.
 const ALPHABET: &[&str] = &[
-    "%", "%%", "%h", "%n", "$", "$$", "${", "}", "$HOME", "\\", "\\\\", "\"", "'", ";", " ", "  ", "#", "-", "@",
-    ":", "+", "!", "=", "a", "b", "x", "n", "0", "\t", "\u{7f}", "é", "✓", "𝄞", "\\x41", "\\n", "*", "?", "~",
+    "%", "%%", "%h", "%n", "$", "$$", "${", "}", "$HOME", "\\", "\\\\", "\"", "'", ";", " ", "  ", "#", "-",
+    "@", ":", "+", "!", "=", "a", "b", "x", "n", "0", "\t", "\u{7f}", "é", "✓", "𝄞", "\\x41", "\\n", "*",
+    "?", "~",
 ];
 
 fn random_word(rng: &mut Rng) -> String {
-    (0..rng.below(7)).map(|_| ALPHABET[rng.below(ALPHABET.len())]).collect()
+    (0..rng.below(7))
+        .map(|_| ALPHABET[rng.below(ALPHABET.len())])
+        .collect()
 }
 
 fn fixed_cases() -> Vec<Vec<String>> {
@@ -51,7 +54,18 @@ fn fixed_cases() -> Vec<Vec<String>> {
         s(&[]),
         s(&[""]),
         s(&["", "", ""]),
-        s(&["%h", "$HOME", "${X}", "'q'", "\"dq\"", "back\\slash", ";", "a b", "", "ünï€"]),
+        s(&[
+            "%h",
+            "$HOME",
+            "${X}",
+            "'q'",
+            "\"dq\"",
+            "back\\slash",
+            ";",
+            "a b",
+            "",
+            "ünï€",
+        ]),
         s(&["trailing\\"]),
         s(&["\\;", ";;", "; ", " ;"]),
         s(&["-", "@x", ":y", "+z", "!w", "!!v"]),
@@ -98,14 +112,20 @@ fn start_manager(dir: &Path) -> Manager {
         .stderr(Stdio::null())
         .spawn()
         .expect("start a private systemd user manager");
-    let mut manager = Manager { child, runtime: runtime.clone() };
+    let mut manager = Manager {
+        child,
+        runtime: runtime.clone(),
+    };
     let socket = runtime.join("systemd/private");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
         if let Ok(Some(status)) = manager.child.try_wait() {
             panic!("systemd --user exited early: {status}");
         }
-        assert!(Instant::now() < deadline, "systemd --user did not come up in 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "systemd --user did not come up in 10 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     manager
@@ -114,7 +134,10 @@ fn start_manager(dir: &Path) -> Manager {
 #[test]
 fn argv_and_environment_arrive_exactly() {
     if !require(is_root(), "root (for unshare and mount)")
-        || !require(have("unshare") && Path::new("/lib/systemd/systemd").exists(), "unshare and /lib/systemd/systemd")
+        || !require(
+            have("unshare") && Path::new("/lib/systemd/systemd").exists(),
+            "unshare and /lib/systemd/systemd",
+        )
     {
         return;
     }
@@ -126,7 +149,11 @@ fn argv_and_environment_arrive_exactly() {
 
     // Writes argc, the argv and $V, NUL-separated.
     let dump = dir.path().join("dump");
-    fs::write(&dump, "#!/bin/sh\nf=$1; shift; printf '%s\\0' \"$#\" \"$@\" \"$V\" > \"$f\"\n").unwrap();
+    fs::write(
+        &dump,
+        "#!/bin/sh\nf=$1; shift; printf '%s\\0' \"$#\" \"$@\" \"$V\" > \"$f\"\n",
+    )
+    .unwrap();
     fs::set_permissions(&dump, fs::Permissions::from_mode(0o755)).unwrap();
 
     let mut cases = fixed_cases();
@@ -136,7 +163,10 @@ fn argv_and_environment_arrive_exactly() {
     }
     let mut names = Vec::new();
     for (i, args) in cases.iter().enumerate() {
-        let mut argv = vec![dump.to_string_lossy().into_owned(), out.join(i.to_string()).to_string_lossy().into_owned()];
+        let mut argv = vec![
+            dump.to_string_lossy().into_owned(),
+            out.join(i.to_string()).to_string_lossy().into_owned(),
+        ];
         argv.extend(args.iter().cloned());
         // Environment values: no control characters (config rejects them).
         let env_value: String = args.concat().chars().filter(|c| !c.is_control()).collect();
@@ -170,8 +200,17 @@ fn argv_and_environment_arrive_exactly() {
         want.extend(args.iter().cloned());
         want.push(env_value);
         if fields != want {
-            failures.push(format!("case {i}:\n  sent {want:?}\n  got  {fields:?}\n  line {}", exec_line(args)));
+            failures.push(format!(
+                "case {i}:\n  sent {want:?}\n  got  {fields:?}\n  line {}",
+                exec_line(args)
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }

@@ -28,8 +28,18 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn generator_usage_errors_exit_2() {
-    for args in [&[][..], &["a", "b"], &["-x", "/tmp"], &["--dry-run", "/tmp"], &["a", "b", "c", "d"]] {
-        let o = run(generator_bin(), args, Some(&repo().join("tests/generator/01-minimal/root")));
+    for args in [
+        &[][..],
+        &["a", "b"],
+        &["-x", "/tmp"],
+        &["--dry-run", "/tmp"],
+        &["a", "b", "c", "d"],
+    ] {
+        let o = run(
+            generator_bin(),
+            args,
+            Some(&repo().join("tests/generator/01-minimal/root")),
+        );
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("usage: berth-generator"), "{args:?}");
     }
@@ -43,7 +53,10 @@ fn generator_success_config_error_and_runtime_error() {
 
     let dir = out.path().join("good");
     fs::create_dir(&dir).unwrap();
-    assert_eq!(code(&run(generator_bin(), &[dir.to_str().unwrap()], Some(&good))), 0);
+    assert_eq!(
+        code(&run(generator_bin(), &[dir.to_str().unwrap()], Some(&good))),
+        0
+    );
 
     // A bad file: reported, the rest written, exit 1 at the end.
     let dir = out.path().join("broken");
@@ -56,7 +69,11 @@ fn generator_success_config_error_and_runtime_error() {
     // Output directory that cannot be written: runtime error, exit 1.
     let o = run(generator_bin(), &["/nonexistent/berth-out"], Some(&good));
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("cannot create /nonexistent/berth-out/"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot create /nonexistent/berth-out/"),
+        "{}",
+        stderr(&o)
+    );
 
     // A non-empty output directory is not silently overwritten.
     let dir = out.path().join("good");
@@ -88,7 +105,12 @@ fn berth_check_contract() {
     assert!(text.contains("no-exec.toml: exec: missing"), "{text}");
     assert!(text.contains("lifecycle.toml: service.Restart:"), "{text}");
 
-    for args in [&[][..], &["frobnicate"], &["check", "--bogus"], &["check", "--root"]] {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["check", "--bogus"],
+        &["check", "--root"],
+    ] {
         assert_eq!(code(&run(berth_bin(), args, None)), 2, "{args:?}");
     }
     assert_eq!(code(&run(berth_bin(), &["--help"], None)), 0);
@@ -103,5 +125,9 @@ fn template_fallback_explains_and_fails() {
     assert!(stderr(&o).contains("\"nosuch\" is not defined"), "{}", stderr(&o));
     let o = run(berth_bin(), &["not-configured", "no-exec"], Some(&root));
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("no-exec.toml: exec: missing"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no-exec.toml: exec: missing"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -29,7 +29,11 @@ fn run_case(case: &Path) -> Result<(), String> {
     let stderr = String::from_utf8_lossy(&result.stderr).replace(&*root.to_string_lossy(), "$ROOT");
     let status = result.status.code().unwrap_or(-1).to_string();
 
-    assert!(tree(&early).is_empty() && tree(&late).is_empty(), "{}: wrote outside the normal directory", case.display());
+    assert!(
+        tree(&early).is_empty() && tree(&late).is_empty(),
+        "{}: wrote outside the normal directory",
+        case.display()
+    );
 
     let expected_dir = case.join("expected");
     if std::env::var_os("BERTH_UPDATE_GOLDEN").is_some() {
@@ -45,7 +49,11 @@ fn run_case(case: &Path) -> Result<(), String> {
     let want = tree(&expected_dir);
     let names = |t: &[(String, Entry)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     if names(&got) != names(&want) {
-        return Err(format!("file list differs:\n  got:  {:?}\n  want: {:?}", names(&got), names(&want)));
+        return Err(format!(
+            "file list differs:\n  got:  {:?}\n  want: {:?}",
+            names(&got),
+            names(&want)
+        ));
     }
     for ((name, g), (_, w)) in got.iter().zip(&want) {
         if g != w {
@@ -54,11 +62,16 @@ fn run_case(case: &Path) -> Result<(), String> {
     }
     let want_status = fs::read_to_string(case.join("exit-status")).unwrap();
     if status != want_status.trim() {
-        return Err(format!("exit status {status}, want {}; stderr:\n{stderr}", want_status.trim()));
+        return Err(format!(
+            "exit status {status}, want {}; stderr:\n{stderr}",
+            want_status.trim()
+        ));
     }
     let want_stderr = fs::read_to_string(case.join("stderr")).unwrap();
     if stderr != want_stderr {
-        return Err(format!("stderr differs:\n--- got\n{stderr}--- want\n{want_stderr}"));
+        return Err(format!(
+            "stderr differs:\n--- got\n{stderr}--- want\n{want_stderr}"
+        ));
     }
     Ok(())
 }
@@ -83,7 +96,13 @@ fn golden_trees() {
             failures.push(format!("{}: {e}", case.file_name().unwrap().to_string_lossy()));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
 }
 
 /// --dry-run prints exactly what a real run writes.
@@ -91,7 +110,11 @@ fn golden_trees() {
 fn dry_run_matches_written_output() {
     for case in golden_cases() {
         let root = case.join("root");
-        let out = Command::new(generator_bin()).arg("--dry-run").env("BERTH_ROOT", &root).output().unwrap();
+        let out = Command::new(generator_bin())
+            .arg("--dry-run")
+            .env("BERTH_ROOT", &root)
+            .output()
+            .unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         for (name, entry) in tree(&case.join("expected")) {
             match entry {

@@ -30,13 +30,20 @@ fn stub(root: &Path, program: &str) {
 }
 
 fn first_word(line: &str) -> Option<String> {
-    let rest = line.strip_prefix("ExecStart=\"").or_else(|| line.strip_prefix("ExecStop=\""))?;
+    let rest = line
+        .strip_prefix("ExecStart=\"")
+        .or_else(|| line.strip_prefix("ExecStop=\""))?;
     Some(rest[..rest.find('"')?].to_string())
 }
 
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
-    let status = Command::new("cp").arg("-a").arg(format!("{}/.", from.display())).arg(to).status().unwrap();
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .status()
+        .unwrap();
     assert!(status.success());
 }
 
@@ -78,16 +85,26 @@ fn verify_case(case: &Path, units: &Path) -> Result<(), String> {
         .current_dir(root)
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if !out.status.success() || !text.trim().is_empty() {
-        return Err(format!("verify {names:?} exited {:?}:\n{text}", out.status.code()));
+        return Err(format!(
+            "verify {names:?} exited {:?}:\n{text}",
+            out.status.code()
+        ));
     }
     Ok(())
 }
 
 #[test]
 fn generated_units_pass_systemd_analyze_verify() {
-    if !require(have("systemd-analyze"), "systemd-analyze (Debian package systemd)") {
+    if !require(
+        have("systemd-analyze"),
+        "systemd-analyze (Debian package systemd)",
+    ) {
         return;
     }
     let units = built_units();
@@ -98,14 +115,23 @@ fn generated_units_pass_systemd_analyze_verify() {
             failures.push(format!("{}: {e}", case.display()));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 /// The check above must be able to fail: a unit with an unknown key and a
 /// missing program is caught.
 #[test]
 fn verify_check_catches_a_bad_unit() {
-    if !require(have("systemd-analyze"), "systemd-analyze (Debian package systemd)") {
+    if !require(
+        have("systemd-analyze"),
+        "systemd-analyze (Debian package systemd)",
+    ) {
         return;
     }
     let units = built_units();

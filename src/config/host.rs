@@ -89,9 +89,12 @@ const MAX_SOCKET_PATH: usize = 107;
 pub(super) fn load(files: &[PathBuf], manager: Manager) -> Result<HostSettings, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut merged = Table::new();
-    let mut origin = Origin::single(files.first().map(PathBuf::as_path).unwrap_or(Path::new(
-        "berth.toml",
-    )));
+    let mut origin = Origin::single(
+        files
+            .first()
+            .map(PathBuf::as_path)
+            .unwrap_or(Path::new("berth.toml")),
+    );
     for file in files {
         match parse_file(file) {
             Ok(table) => {
@@ -112,18 +115,17 @@ pub(super) fn load(files: &[PathBuf], manager: Manager) -> Result<HostSettings, 
     }
 }
 
-fn validate(
-    table: &Table,
-    origin: &Origin,
-    manager: Manager,
-    errors: &mut Vec<ConfigError>,
-) -> HostSettings {
+fn validate(table: &Table, origin: &Origin, manager: Manager, errors: &mut Vec<ConfigError>) -> HostSettings {
     let d = HostSettings::default();
     let mut r = Reader::new(table, "", origin);
     let drain_parallelism = r.int("drain_parallelism", d.drain_parallelism.into(), 1, 4096) as u32;
     let force_off_on_timeout = r.bool("force_off_on_timeout", d.force_off_on_timeout);
-    let default_stop_delay_s =
-        r.int("default_stop_delay_s", d.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
+    let default_stop_delay_s = r.int(
+        "default_stop_delay_s",
+        d.default_stop_delay_s as i64,
+        1,
+        MAX_DELAY_S,
+    ) as u64;
 
     let drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
     if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
@@ -146,10 +148,13 @@ fn validate(
         let mut dr = Reader::new(t, "daemon", r.origin());
         daemon.enabled = dr.bool("enabled", daemon.enabled);
         daemon.watchdog_s = dr.int("watchdog_s", daemon.watchdog_s as i64, 0, 3600) as u64;
-        daemon.reconcile_interval_s =
-            dr.int("reconcile_interval_s", daemon.reconcile_interval_s as i64, 1, 3600) as u64;
-        daemon.gc_interval_s =
-            dr.int("gc_interval_s", daemon.gc_interval_s as i64, 0, MAX_DELAY_S) as u64;
+        daemon.reconcile_interval_s = dr.int(
+            "reconcile_interval_s",
+            daemon.reconcile_interval_s as i64,
+            1,
+            3600,
+        ) as u64;
+        daemon.gc_interval_s = dr.int("gc_interval_s", daemon.gc_interval_s as i64, 0, MAX_DELAY_S) as u64;
         daemon.api = dr.bool("api", daemon.api);
         if let Some(socket) = dr.opt_text("socket") {
             if !socket.starts_with('/') {
@@ -252,11 +257,17 @@ mod tests {
         );
         let m = messages("[daemon]\nwatchdog = 3");
         assert_eq!(m.len(), 1);
-        assert!(m[0].starts_with("/etc/berth/berth.toml: daemon.watchdog: unknown key"), "{m:?}");
+        assert!(
+            m[0].starts_with("/etc/berth/berth.toml: daemon.watchdog: unknown key"),
+            "{m:?}"
+        );
         let m = messages("drain_deadline_s = 1790");
         assert_eq!(m.len(), 1);
         assert!(m[0].contains("drain_deadline_s"), "{m:?}");
-        assert!(m[0].contains("1820") && m[0].contains("1800") && m[0].contains("1770"), "{m:?}");
+        assert!(
+            m[0].contains("1820") && m[0].contains("1800") && m[0].contains("1770"),
+            "{m:?}"
+        );
     }
 
     #[test]
@@ -269,7 +280,10 @@ mod tests {
     fn drain_after_rejects_units_the_drain_stops() {
         let m = messages(r#"drain_after = ["berth@web.service"]"#);
         assert_eq!(m.len(), 1);
-        assert!(m[0].contains("drain_after[0]") && m[0].contains("deadlock"), "{m:?}");
+        assert!(
+            m[0].contains("drain_after[0]") && m[0].contains("deadlock"),
+            "{m:?}"
+        );
         let m = messages(r#"drain_after = ["not a unit"]"#);
         assert!(m[0].contains("not a valid unit name"), "{m:?}");
     }

@@ -89,7 +89,10 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("AmbientCapabilities", Words),
     ("CPUAffinity", CpuSet),
     ("CPUQuota", Percent),
-    ("CPUSchedulingPolicy", Enum(&["other", "batch", "idle", "fifo", "rr"])),
+    (
+        "CPUSchedulingPolicy",
+        Enum(&["other", "batch", "idle", "fifo", "rr"]),
+    ),
     ("CPUWeight", Weight),
     ("CapabilityBoundingSet", Words),
     ("DevicePolicy", Enum(&["auto", "closed", "strict"])),
@@ -104,7 +107,12 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("LimitNOFILE", Rlimit),
     ("LimitNPROC", Rlimit),
     ("LimitSTACK", Rlimit),
-    ("LogLevelMax", Enum(&["emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"])),
+    (
+        "LogLevelMax",
+        Enum(&[
+            "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
+        ]),
+    ),
     ("MemoryHigh", Bytes),
     ("MemoryLow", Bytes),
     ("MemoryMax", Bytes),
@@ -118,8 +126,28 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("ReadWritePaths", Paths),
     ("RestrictAddressFamilies", Words),
     ("RestrictNamespaces", BoolOrWords),
-    ("StandardError", Enum(&["inherit", "null", "journal", "kmsg", "journal+console", "kmsg+console"])),
-    ("StandardOutput", Enum(&["inherit", "null", "journal", "kmsg", "journal+console", "kmsg+console"])),
+    (
+        "StandardError",
+        Enum(&[
+            "inherit",
+            "null",
+            "journal",
+            "kmsg",
+            "journal+console",
+            "kmsg+console",
+        ]),
+    ),
+    (
+        "StandardOutput",
+        Enum(&[
+            "inherit",
+            "null",
+            "journal",
+            "kmsg",
+            "journal+console",
+            "kmsg+console",
+        ]),
+    ),
     ("StartupCPUWeight", Weight),
     ("StartupIOWeight", Weight),
     ("SyslogIdentifier", Identifier),
@@ -134,27 +162,99 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
 /// Why a known setting is refused, for the message.
 const REFUSED: &[(&[&str], &str)] = &[
     (
-        &["Restart", "RestartSec", "RestartPreventExitStatus", "RestartForceExitStatus", "StartLimitIntervalSec", "StartLimitBurst", "StartLimitAction"],
+        &[
+            "Restart",
+            "RestartSec",
+            "RestartPreventExitStatus",
+            "RestartForceExitStatus",
+            "StartLimitIntervalSec",
+            "StartLimitBurst",
+            "StartLimitAction",
+        ],
         "berth never restarts a workload behind the admin's back; build a restart policy on the daemon's unexpected-exit transition (berth(8))",
     ),
     (
-        &["Slice", "DefaultDependencies", "Requires", "Requisite", "BindsTo", "PartOf", "Upholds", "Conflicts", "Before", "After", "Wants", "OnFailure", "OnSuccess", "PropagatesStopTo", "StopPropagatedFrom", "JoinsNamespaceOf", "IgnoreOnIsolate"],
+        &[
+            "Slice",
+            "DefaultDependencies",
+            "Requires",
+            "Requisite",
+            "BindsTo",
+            "PartOf",
+            "Upholds",
+            "Conflicts",
+            "Before",
+            "After",
+            "Wants",
+            "OnFailure",
+            "OnSuccess",
+            "PropagatesStopTo",
+            "StopPropagatedFrom",
+            "JoinsNamespaceOf",
+            "IgnoreOnIsolate",
+        ],
         "placement and dependencies decide when the workload is stopped; berth owns them (use the `after` and `wants` keys for ordering)",
     ),
     (
-        &["ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload", "ExecCondition"],
+        &[
+            "ExecStart",
+            "ExecStartPre",
+            "ExecStartPost",
+            "ExecStop",
+            "ExecStopPost",
+            "ExecReload",
+            "ExecCondition",
+        ],
         "commands come from the `exec` and `stop_exec` keys",
     ),
     (
-        &["WorkingDirectory", "RootDirectory", "RootImage", "RequiresMountsFor", "PrivateTmp", "DynamicUser", "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "StateDirectory", "RuntimeDirectory", "CacheDirectory", "LogsDirectory", "ConfigurationDirectory", "LogNamespace", "NetworkNamespacePath", "StandardInput"],
+        &[
+            "WorkingDirectory",
+            "RootDirectory",
+            "RootImage",
+            "RequiresMountsFor",
+            "PrivateTmp",
+            "DynamicUser",
+            "BindPaths",
+            "BindReadOnlyPaths",
+            "TemporaryFileSystem",
+            "StateDirectory",
+            "RuntimeDirectory",
+            "CacheDirectory",
+            "LogsDirectory",
+            "ConfigurationDirectory",
+            "LogNamespace",
+            "NetworkNamespacePath",
+            "StandardInput",
+        ],
         "adds an implicit Requires= on a mount or unit that is stopped at shutdown, which would stop the workload before the drain runs (see berth.units(7))",
     ),
     (
-        &["Type", "RemainAfterExit", "KillMode", "SendSIGKILL", "SendSIGHUP", "TimeoutStopSec", "TimeoutSec", "TimeoutAbortSec", "FinalKillSignal", "NotifyAccess", "PIDFile"],
+        &[
+            "Type",
+            "RemainAfterExit",
+            "KillMode",
+            "SendSIGKILL",
+            "SendSIGHUP",
+            "TimeoutStopSec",
+            "TimeoutSec",
+            "TimeoutAbortSec",
+            "FinalKillSignal",
+            "NotifyAccess",
+            "PIDFile",
+        ],
         "how the workload is started and stopped is berth's (stop_delay_s, stop_action, force_off_on_timeout)",
     ),
     (&["User", "Group"], "use the `user` and `group` keys"),
-    (&["Environment", "EnvironmentFile", "PassEnvironment", "UnsetEnvironment"], "use the [environment] table"),
+    (
+        &[
+            "Environment",
+            "EnvironmentFile",
+            "PassEnvironment",
+            "UnsetEnvironment",
+        ],
+        "use the [environment] table",
+    ),
 ];
 
 pub fn passthrough_rule(key: &str) -> Result<PassthroughKind, &'static str> {
@@ -213,8 +313,16 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
             if words.contains(&s.as_str()) {
                 Ok(s.clone())
             } else {
-                let alts = words.iter().map(|w| format!("{w:?}")).collect::<Vec<_>>().join(", ");
-                let also = if matches!(kind, BoolOr(_)) { "true, false, " } else { "" };
+                let alts = words
+                    .iter()
+                    .map(|w| format!("{w:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let also = if matches!(kind, BoolOr(_)) {
+                    "true, false, "
+                } else {
+                    ""
+                };
                 Err(format!("must be one of {also}{alts}; not {s:?}"))
             }
         }
@@ -285,8 +393,15 @@ fn check_string(kind: PassthroughKind, s: &str) -> Result<(), String> {
         Signal => SIGNALS.contains(&s.strip_prefix("SIG").unwrap_or(s)),
         Duration => s == "infinity" || duration(s),
         UMask => s.len() <= 4 && !s.is_empty() && s.chars().all(|c| ('0'..='7').contains(&c)),
-        Identifier => !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')),
-        Words | BoolOrWords | Paths => return check_words(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>()),
+        Identifier => {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        }
+        Words | BoolOrWords | Paths => {
+            return check_words(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>());
+        }
         Weight | Int(..) | Bool => false,
         Enum(_) | BoolOr(_) => unreachable!("handled by render_value"),
     };
@@ -299,12 +414,19 @@ fn check_words(kind: PassthroughKind, words: &[&str]) -> Result<(), String> {
     }
     for w in words {
         let ok = match kind {
-            Words | BoolOrWords => !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | ':' | '~' | '+' | '.' | '-')),
+            Words | BoolOrWords => {
+                !w.is_empty()
+                    && w.chars().all(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | ':' | '~' | '+' | '.' | '-')
+                    })
+            }
             Paths => {
                 let p = w.trim_start_matches(['-', '+']);
                 p.starts_with('/')
                     && p.len() < 4096
-                    && !p.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '%' | '"' | '\'' | '\\'))
+                    && !p
+                        .chars()
+                        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '%' | '"' | '\'' | '\\'))
             }
             _ => unreachable!("only word lists"),
         };
@@ -349,7 +471,10 @@ fn cpu_set(s: &str) -> bool {
 }
 
 fn duration(s: &str) -> bool {
-    const UNITS: &[&str] = &["usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes", "minute", "min", "m", "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w"];
+    const UNITS: &[&str] = &[
+        "usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes", "minute", "min", "m",
+        "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w",
+    ];
     let mut any = false;
     for part in s.split(' ').filter(|p| !p.is_empty()) {
         let split = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
@@ -364,9 +489,9 @@ fn duration(s: &str) -> bool {
 
 /// Signal names as systemd's KillSignal= takes them (without `SIG`).
 const SIGNALS: &[&str] = &[
-    "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2",
-    "PIPE", "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG",
-    "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS", "RTMIN",
+    "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE",
+    "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ",
+    "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS", "RTMIN",
 ];
 
 #[cfg(test)]
@@ -400,27 +525,65 @@ mod tests {
         assert_eq!(one("CPUWeight", "200"), Ok("CPUWeight=200".into()));
         assert_eq!(one("TasksMax", "\"infinity\""), Ok("TasksMax=infinity".into()));
         assert_eq!(one("NoNewPrivileges", "true"), Ok("NoNewPrivileges=yes".into()));
-        assert_eq!(one("ProtectSystem", "\"strict\""), Ok("ProtectSystem=strict".into()));
+        assert_eq!(
+            one("ProtectSystem", "\"strict\""),
+            Ok("ProtectSystem=strict".into())
+        );
         assert_eq!(one("ProtectHome", "false"), Ok("ProtectHome=no".into()));
-        assert_eq!(one("SystemCallFilter", "[\"@system-service\", \"~@mount\"]"), Ok("SystemCallFilter=@system-service ~@mount".into()));
-        assert_eq!(one("ReadWritePaths", "[\"/var/lib/vm\", \"-/srv/x\"]"), Ok("ReadWritePaths=/var/lib/vm -/srv/x".into()));
+        assert_eq!(
+            one("SystemCallFilter", "[\"@system-service\", \"~@mount\"]"),
+            Ok("SystemCallFilter=@system-service ~@mount".into())
+        );
+        assert_eq!(
+            one("ReadWritePaths", "[\"/var/lib/vm\", \"-/srv/x\"]"),
+            Ok("ReadWritePaths=/var/lib/vm -/srv/x".into())
+        );
         assert_eq!(one("KillSignal", "\"SIGINT\""), Ok("KillSignal=SIGINT".into()));
-        assert_eq!(one("TimeoutStartSec", "\"5min 20s\""), Ok("TimeoutStartSec=5min 20s".into()));
+        assert_eq!(
+            one("TimeoutStartSec", "\"5min 20s\""),
+            Ok("TimeoutStartSec=5min 20s".into())
+        );
         assert_eq!(one("AllowedCPUs", "\"0-3,6\""), Ok("AllowedCPUs=0-3,6".into()));
         assert_eq!(one("UMask", "\"0027\""), Ok("UMask=0027".into()));
-        assert_eq!(one("RestrictNamespaces", "true"), Ok("RestrictNamespaces=yes".into()));
-        assert_eq!(one("RestrictNamespaces", "[\"~user\", \"~net\"]"), Ok("RestrictNamespaces=~user ~net".into()));
+        assert_eq!(
+            one("RestrictNamespaces", "true"),
+            Ok("RestrictNamespaces=yes".into())
+        );
+        assert_eq!(
+            one("RestrictNamespaces", "[\"~user\", \"~net\"]"),
+            Ok("RestrictNamespaces=~user ~net".into())
+        );
     }
 
     #[test]
     fn lifecycle_settings_are_refused_with_a_reason() {
-        assert!(one("Restart", "\"always\"").unwrap_err().contains("service.Restart: berth never restarts"));
-        assert!(one("Slice", "\"x.slice\"").unwrap_err().contains("placement and dependencies"));
+        assert!(
+            one("Restart", "\"always\"")
+                .unwrap_err()
+                .contains("service.Restart: berth never restarts")
+        );
+        assert!(
+            one("Slice", "\"x.slice\"")
+                .unwrap_err()
+                .contains("placement and dependencies")
+        );
         assert!(one("ExecStop", "\"/bin/x\"").unwrap_err().contains("stop_exec"));
-        assert!(one("WorkingDirectory", "\"/srv\"").unwrap_err().contains("implicit Requires="));
-        assert!(one("PrivateTmp", "true").unwrap_err().contains("implicit Requires="));
+        assert!(
+            one("WorkingDirectory", "\"/srv\"")
+                .unwrap_err()
+                .contains("implicit Requires=")
+        );
+        assert!(
+            one("PrivateTmp", "true")
+                .unwrap_err()
+                .contains("implicit Requires=")
+        );
         assert!(one("TimeoutStopSec", "10").unwrap_err().contains("stop_delay_s"));
-        assert!(one("Frobnicate", "1").unwrap_err().contains("not a setting berth passes through"));
+        assert!(
+            one("Frobnicate", "1")
+                .unwrap_err()
+                .contains("not a setting berth passes through")
+        );
     }
 
     #[test]

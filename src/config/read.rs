@@ -11,8 +11,7 @@ use super::ConfigError;
 
 /// Reads and parses one TOML file.
 pub(super) fn parse_file(path: &Path) -> Result<Table, ConfigError> {
-    let text = fs::read_to_string(path)
-        .map_err(|e| ConfigError::file(path, format!("cannot read: {e}")))?;
+    let text = fs::read_to_string(path).map_err(|e| ConfigError::file(path, format!("cannot read: {e}")))?;
     text.parse::<Table>().map_err(|e| {
         let at = match e.span() {
             Some(span) => {

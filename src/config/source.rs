@@ -88,8 +88,7 @@ fn entry_state(path: &Path) -> Entry {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Entry::Missing,
         Err(e) => Entry::Unreadable(format!("cannot read: {e}")),
         Ok(meta) => {
-            if meta.file_type().is_symlink()
-                && fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
+            if meta.file_type().is_symlink() && fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
             {
                 return Entry::Masked;
             }
@@ -110,10 +109,7 @@ enum Winner {
 
 /// For each `*.toml` name across `dirs`, the file from the highest directory.
 /// Returns (winners by file name, masked file names).
-fn winners(
-    dirs: &[PathBuf],
-    errors: &mut Vec<ConfigError>,
-) -> (BTreeMap<String, PathBuf>, Vec<String>) {
+fn winners(dirs: &[PathBuf], errors: &mut Vec<ConfigError>) -> (BTreeMap<String, PathBuf>, Vec<String>) {
     // Lowest precedence first, so that higher directories overwrite.
     let mut by_name: BTreeMap<String, Winner> = BTreeMap::new();
     for dir in dirs.iter().rev() {

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use toml::Value;
 
+use super::ConfigError;
 use super::host::{HostSettings, MAX_DELAY_S};
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file};
-use super::ConfigError;
 
 /// Longest workload name. With `berth@` and `.service` around it the unit
 /// name stays far below systemd's 255, and it fits a file name anywhere.
@@ -178,7 +178,10 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
         for (var, value) in env {
             let key = format!("environment.{var}");
             if !is_env_name(var) {
-                r.error(&key, "variable names use A-Z a-z 0-9 _ and do not start with a digit");
+                r.error(
+                    &key,
+                    "variable names use A-Z a-z 0-9 _ and do not start with a digit",
+                );
                 continue;
             }
             match value {
@@ -194,7 +197,9 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
     }
 
     let user = r.opt_text("user").filter(|u| account_name_ok(&mut r, "user", u));
-    let group = r.opt_text("group").filter(|g| account_name_ok(&mut r, "group", g));
+    let group = r
+        .opt_text("group")
+        .filter(|g| account_name_ok(&mut r, "group", g));
 
     let mut service = Vec::new();
     if let Some(t) = r.opt_table("service") {
@@ -246,7 +251,10 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let Value::String(s) = item else {
-            r.error(&format!("{key}[{i}]"), format!("must be a string, not {}", item.type_str()));
+            r.error(
+                &format!("{key}[{i}]"),
+                format!("must be a string, not {}", item.type_str()),
+            );
             return None;
         };
         if let Some(c) = control_char(s) {
@@ -297,8 +305,17 @@ fn account_name_ok(r: &mut Reader, key: &str, name: &str) -> bool {
 /// Unit types a workload may name in `after`/`wants`, and the drain in
 /// `drain_after`.
 const UNIT_SUFFIXES: &[&str] = &[
-    ".service", ".socket", ".target", ".mount", ".automount", ".device", ".path", ".timer",
-    ".swap", ".slice", ".scope",
+    ".service",
+    ".socket",
+    ".target",
+    ".mount",
+    ".automount",
+    ".device",
+    ".path",
+    ".timer",
+    ".swap",
+    ".slice",
+    ".scope",
 ];
 
 pub fn is_valid_unit_name(name: &str) -> bool {
@@ -341,7 +358,9 @@ pub(super) fn check_unit_list(
             return Err(ConfigError::key(
                 file,
                 at,
-                format!("{unit} is one of berth's own units; ordering against it would deadlock boot or shutdown"),
+                format!(
+                    "{unit} is one of berth's own units; ordering against it would deadlock boot or shutdown"
+                ),
             ));
         }
         let instance = unit
@@ -352,7 +371,9 @@ pub(super) fn check_unit_list(
                 return Err(ConfigError::key(
                     file,
                     at,
-                    format!("{unit} is a workload the drain stops itself; waiting for it would deadlock the shutdown"),
+                    format!(
+                        "{unit} is a workload the drain stops itself; waiting for it would deadlock the shutdown"
+                    ),
                 ));
             }
             (Some(other), Some(me)) if other == me => {
@@ -377,8 +398,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("web.toml");
         std::fs::write(&path, text).unwrap();
-        let out = load("web", &path, &HostSettings::default())
-            .map_err(|es| es.iter().map(|e| e.to_string().replace(&*dir.to_string_lossy(), "D")).collect());
+        let out = load("web", &path, &HostSettings::default()).map_err(|es| {
+            es.iter()
+                .map(|e| e.to_string().replace(&*dir.to_string_lossy(), "D"))
+                .collect()
+        });
         std::fs::remove_dir_all(&dir).unwrap();
         out
     }
@@ -388,17 +412,40 @@ mod tests {
         for ok in ["a", "web-1", "db_2.main", "A9", &"x".repeat(64)] {
             assert!(is_valid_workload_name(ok), "{ok}");
         }
-        for bad in ["", "-a", ".a", "_a", "a b", "a/b", "a@b", "ä", "a\\x2d", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "-a",
+            ".a",
+            "_a",
+            "a b",
+            "a/b",
+            "a@b",
+            "ä",
+            "a\\x2d",
+            &"x".repeat(65),
+        ] {
             assert!(!is_valid_workload_name(bad), "{bad}");
         }
     }
 
     #[test]
     fn unit_names() {
-        for ok in ["network-online.target", "libvirtd.service", "getty@tty1.service", "x\\x2dy.mount"] {
+        for ok in [
+            "network-online.target",
+            "libvirtd.service",
+            "getty@tty1.service",
+            "x\\x2dy.mount",
+        ] {
             assert!(is_valid_unit_name(ok), "{ok}");
         }
-        for bad in ["libvirtd", "a b.service", ".service", "a@b@c.service", "x.conf", "a;b.service"] {
+        for bad in [
+            "libvirtd",
+            "a b.service",
+            ".service",
+            "a@b@c.service",
+            "x.conf",
+            "a;b.service",
+        ] {
             assert!(!is_valid_unit_name(bad), "{bad}");
         }
     }
@@ -415,7 +462,10 @@ mod tests {
         assert_eq!(w.stop_action, StopAction::GuestShutdown);
         assert_eq!(
             w.kind,
-            WorkloadKind::Command { exec: vec!["/bin/sleep".into(), "infinity".into()], stop_exec: None }
+            WorkloadKind::Command {
+                exec: vec!["/bin/sleep".into(), "infinity".into()],
+                stop_exec: None
+            }
         );
     }
 
@@ -424,45 +474,75 @@ mod tests {
         let e = load_text("order = \"first\"\nstop_action = \"halt\"\nfoo = 1").unwrap_err();
         assert_eq!(e.len(), 4, "{e:?}");
         assert!(e.iter().any(|m| m.starts_with("D/web.toml: exec: missing")));
-        assert!(e.iter().any(|m| m == "D/web.toml: order: must be an integer, not string"));
+        assert!(
+            e.iter()
+                .any(|m| m == "D/web.toml: order: must be an integer, not string")
+        );
         assert!(e.iter().any(|m| m.contains("stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\"")));
         assert!(e.iter().any(|m| m.starts_with("D/web.toml: foo: unknown key")));
     }
 
     #[test]
     fn argv_rules() {
-        assert!(load_text(r#"exec = "/bin/true""#).unwrap_err()[0].contains("exec: must be a list of strings"));
+        assert!(
+            load_text(r#"exec = "/bin/true""#).unwrap_err()[0].contains("exec: must be a list of strings")
+        );
         assert!(load_text("exec = []").unwrap_err()[0].contains("must not be empty"));
         assert!(load_text(r#"exec = ["bin/x"]"#).unwrap_err()[0].contains("exec[0]"));
         assert!(load_text(r#"exec = ["-x"]"#).unwrap_err()[0].contains("absolute path or a plain command"));
-        assert!(load_text(r#"exec = ["/bin/x", "a\nb"]"#).unwrap_err()[0].contains("exec[1]: contains the control character U+000A"));
-        assert!(load_text(r#"exec = ["/bin/x", 3]"#).unwrap_err()[0].contains("exec[1]: must be a string, not integer"));
+        assert!(
+            load_text(r#"exec = ["/bin/x", "a\nb"]"#).unwrap_err()[0]
+                .contains("exec[1]: contains the control character U+000A")
+        );
+        assert!(
+            load_text(r#"exec = ["/bin/x", 3]"#).unwrap_err()[0]
+                .contains("exec[1]: must be a string, not integer")
+        );
         assert!(load_text(r#"exec = ["sleep", "1"]"#).is_ok());
     }
 
     #[test]
     fn dependency_rules() {
         let e = load_text("exec = [\"/x\"]\nafter = [\"berth-drain.service\"]").unwrap_err();
-        assert!(e[0].contains("after[0]: berth-drain.service is one of berth's own units"), "{e:?}");
+        assert!(
+            e[0].contains("after[0]: berth-drain.service is one of berth's own units"),
+            "{e:?}"
+        );
         let e = load_text("exec = [\"/x\"]\nwants = [\"berth@web.service\"]").unwrap_err();
-        assert!(e[0].contains("wants[0]: a workload cannot depend on itself"), "{e:?}");
-        let w = load_text("exec = [\"/x\"]\nafter = [\"berth@db.service\", \"network-online.target\"]").unwrap();
+        assert!(
+            e[0].contains("wants[0]: a workload cannot depend on itself"),
+            "{e:?}"
+        );
+        let w =
+            load_text("exec = [\"/x\"]\nafter = [\"berth@db.service\", \"network-online.target\"]").unwrap();
         assert_eq!(w.after, ["berth@db.service", "network-online.target"]);
     }
 
     #[test]
     fn environment_user_group() {
-        let w = load_text("exec = [\"/x\"]\nuser = \"nobody\"\ngroup = \"65534\"\n[environment]\nA_1 = \"x y %h $Z\"").unwrap();
+        let w = load_text(
+            "exec = [\"/x\"]\nuser = \"nobody\"\ngroup = \"65534\"\n[environment]\nA_1 = \"x y %h $Z\"",
+        )
+        .unwrap();
         assert_eq!(w.environment["A_1"], "x y %h $Z");
         assert_eq!(w.user.as_deref(), Some("nobody"));
         assert_eq!(w.group.as_deref(), Some("65534"));
-        let e = load_text("exec = [\"/x\"]\nuser = \"bad name\"\n[environment]\n\"1X\" = \"v\"\nY = 2").unwrap_err();
+        let e = load_text("exec = [\"/x\"]\nuser = \"bad name\"\n[environment]\n\"1X\" = \"v\"\nY = 2")
+            .unwrap_err();
         assert_eq!(e.len(), 3, "{e:?}");
     }
 
     #[test]
     fn description_limits() {
-        assert!(load_text("exec = [\"/x\"]\ndescription = 'ends with \\'").unwrap_err()[0].contains("backslash"));
-        assert_eq!(load_text("exec = [\"/x\"]\ndescription = \"Web 100%\"").unwrap().description.as_deref(), Some("Web 100%"));
+        assert!(
+            load_text("exec = [\"/x\"]\ndescription = 'ends with \\'").unwrap_err()[0].contains("backslash")
+        );
+        assert_eq!(
+            load_text("exec = [\"/x\"]\ndescription = \"Web 100%\"")
+                .unwrap()
+                .description
+                .as_deref(),
+            Some("Web 100%")
+        );
     }
 }

@@ -89,7 +89,10 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Entry)>) {
         let rel = path.strip_prefix(base).unwrap().to_string_lossy().into_owned();
         let ft = e.file_type().unwrap();
         if ft.is_symlink() {
-            out.push((rel, Entry::Link(fs::read_link(&path).unwrap().to_string_lossy().into_owned())));
+            out.push((
+                rel,
+                Entry::Link(fs::read_link(&path).unwrap().to_string_lossy().into_owned()),
+            ));
         } else if ft.is_dir() {
             walk(base, &path, out);
         } else {
