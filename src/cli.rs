@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Loaded, WorkloadKind};
+use crate::freeze::{self, Freeze, Scope};
 use crate::paths::Root;
 use crate::plan;
 
@@ -60,7 +61,35 @@ pub fn main() -> i32 {
 fn check(root: &Root) -> i32 {
     let loaded = config::load(root);
     print!("{}", check_report(&loaded));
+    print!("{}", freeze_report(root, &loaded));
     if loaded.is_clean() { 0 } else { 1 }
+}
+
+/// Freezes that would make the boot autostart skip the node or a workload.
+fn freeze_report(root: &Root, loaded: &Loaded) -> String {
+    let mut out = String::new();
+    let mut line = |what: &str, result: std::io::Result<Option<Freeze>>| match result {
+        Ok(None) => {}
+        Ok(Some(f)) => out.push_str(&format!(
+            "frozen: {what} since {} ({}): autostart skips it\n",
+            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
+            if f.reason.is_empty() {
+                "no reason given"
+            } else {
+                &f.reason
+            }
+        )),
+        Err(e) => out.push_str(&format!("warning: cannot read the freeze flag of {what}: {e}\n")),
+    };
+    line("node", freeze::read(&freeze::node_flag(root), Scope::Node, None));
+    for w in &loaded.workloads {
+        let flag = freeze::instance_flag(root, &w.name);
+        line(
+            &w.unit_name(),
+            freeze::read(&flag, Scope::Instance, Some(&w.name)),
+        );
+    }
+    out
 }
 
 /// What `berth check` prints: problems per file, or the units in short.

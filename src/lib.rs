@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod freeze;
 pub mod generator;
 pub mod log;
 pub mod paths;

@@ -96,6 +96,38 @@ fn berth_check_contract() {
     assert!(text.contains("berth@vm1.service"), "{text}");
     assert!(text.contains("TimeoutStopSec=630s"), "{text}");
 
+    // Freezes are shown, and do not make the config invalid.
+    let frozen = tempfile::tempdir().unwrap();
+    std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", good.display()))
+        .arg(frozen.path())
+        .status()
+        .unwrap();
+    let flags = frozen.path().join("var/lib/berth/freeze");
+    fs::create_dir_all(flags.join("instance")).unwrap();
+    fs::write(
+        flags.join("node"),
+        r#"{"scope":"node","frozen_at":"2026-11-29T10:00:00Z","reason":"disk swap"}"#,
+    )
+    .unwrap();
+    fs::write(flags.join("instance/batch"), "garbled").unwrap();
+    let o = run(
+        berth_bin(),
+        &["check", "--root", frozen.path().to_str().unwrap()],
+        None,
+    );
+    assert_eq!(code(&o), 0);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("frozen: node since 2026-11-29T10:00:00Z (disk swap)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("frozen: berth@batch.service since ? (unreadable freeze flag"),
+        "{text}"
+    );
+
     // BERTH_ROOT works as well as --root.
     assert_eq!(code(&run(berth_bin(), &["check"], Some(&good))), 0);
 

@@ -1,0 +1,163 @@
+//! Freezes: "do not start workloads here". A freeze carries its scope from
+//! the start, so node and instance flags on disk today and cluster-wide or
+//! per-object freezes shared through a key-value store later are one type.
+//!
+//! On disk (`/var/lib/berth/freeze/`): `node` and `instance/NAME`, each a
+//! small JSON document. berth-autostart.service's `ConditionPathExists=`
+//! names the node flag, so a node freeze skips the autostart unit visibly in
+//! `systemctl status`; an instance flag is read by `berth autostart`, which
+//! skips that workload. An explicit `systemctl start` is never blocked.
+
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::paths::{NODE_FREEZE_FLAG, Root, STATE_DIR};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// This host: no workload starts at boot.
+    Node,
+    /// One workload on this host.
+    Instance,
+    /// Every host sharing the cluster store (later).
+    Cluster,
+    /// One object across the cluster, e.g. a workload that may run on
+    /// several hosts (later).
+    Object,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Freeze {
+    pub scope: Scope,
+    /// The workload (instance scope) or object key (object scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// RFC 3339, UTC, whole seconds. Re-freezing keeps the first one.
+    pub frozen_at: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+impl Freeze {
+    pub fn node(reason: &str, now: SystemTime) -> Self {
+        Freeze {
+            scope: Scope::Node,
+            target: None,
+            frozen_at: rfc3339(now),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn instance(name: &str, reason: &str, now: SystemTime) -> Self {
+        Freeze {
+            scope: Scope::Instance,
+            target: Some(name.into()),
+            frozen_at: rfc3339(now),
+            reason: reason.into(),
+        }
+    }
+}
+
+pub fn node_flag(root: &Root) -> PathBuf {
+    root.join(NODE_FREEZE_FLAG)
+}
+
+pub fn instance_flag(root: &Root, name: &str) -> PathBuf {
+    root.join(STATE_DIR).join("freeze/instance").join(name)
+}
+
+/// Reads a flag. `Ok(None)`: not frozen. A flag that exists but cannot be
+/// parsed still freezes (the admin's intent was to freeze), with the
+/// problem as the reason.
+pub fn read(path: &std::path::Path, scope: Scope, target: Option<&str>) -> io::Result<Option<Freeze>> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(serde_json::from_str(&text).unwrap_or_else(|e| Freeze {
+        scope,
+        target: target.map(str::to_string),
+        frozen_at: String::new(),
+        reason: format!(
+            "unreadable freeze flag {} ({e}); treated as frozen",
+            path.display()
+        ),
+    })))
+}
+
+/// `SystemTime` as RFC 3339 UTC with whole seconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_971_581)),
+            "2026-11-29T16:59:41Z"
+        );
+    }
+
+    #[test]
+    fn json_round_trip_carries_the_scope() {
+        let f = Freeze::instance("web", "maintenance", UNIX_EPOCH);
+        let text = serde_json::to_string(&f).unwrap();
+        assert_eq!(
+            text,
+            r#"{"scope":"instance","target":"web","frozen_at":"1970-01-01T00:00:00Z","reason":"maintenance"}"#
+        );
+        assert_eq!(serde_json::from_str::<Freeze>(&text).unwrap(), f);
+        let node: Freeze = serde_json::from_str(r#"{"scope":"node","frozen_at":"x"}"#).unwrap();
+        assert_eq!(node.scope, Scope::Node);
+    }
+
+    #[test]
+    fn missing_flag_is_not_frozen_and_a_garbled_one_still_freezes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        assert_eq!(read(&node_flag(&root), Scope::Node, None).unwrap(), None);
+        fs::create_dir_all(node_flag(&root).parent().unwrap()).unwrap();
+        fs::write(node_flag(&root), "{oops").unwrap();
+        let f = read(&node_flag(&root), Scope::Node, None).unwrap().unwrap();
+        assert_eq!(f.scope, Scope::Node);
+        assert!(f.reason.contains("treated as frozen"), "{}", f.reason);
+        assert_eq!(
+            instance_flag(&root, "web"),
+            dir.path().join("var/lib/berth/freeze/instance/web")
+        );
+    }
+}
