@@ -55,7 +55,7 @@ pub fn run(args: &[String]) -> i32 {
     };
     let root = Root::from_env();
     // Test runs (a re-rooted tree, --dry-run) keep the host's kernel log clean.
-    let real_boot = mode != Mode::DryRun && std::env::var_os("BERTH_ROOT").is_none();
+    let real_boot = mode != Mode::DryRun && root.dir() == std::path::Path::new("/");
     let mut log = Logger::new("berth-generator", real_boot);
 
     let loaded = config::load(&root);

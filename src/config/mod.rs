@@ -103,7 +103,12 @@ pub fn load(root: &Root) -> Loaded {
 fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
     let mut errors = found.errors;
 
-    let (host, host_fell_back) = match host::load(&found.host_files, manager) {
+    let host = if found.host_errors.is_empty() {
+        host::load(&found.host_files, manager)
+    } else {
+        Err(found.host_errors)
+    };
+    let (host, host_fell_back) = match host {
         Ok(host) => (host, false),
         Err(mut host_errors) => {
             errors.append(&mut host_errors);

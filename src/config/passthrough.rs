@@ -171,7 +171,7 @@ const REFUSED: &[(&[&str], &str)] = &[
             "StartLimitBurst",
             "StartLimitAction",
         ],
-        "berth never restarts a workload behind the admin's back; build a restart policy on the daemon's unexpected-exit transition (berth(8))",
+        "berth never restarts a workload behind the admin's back: a restart by systemd would race the drain at shutdown and undo a deliberate stop",
     ),
     (
         &[

@@ -22,6 +22,9 @@ pub struct Discovered {
     /// Workload name → its winning file, sorted by name.
     pub workloads: Vec<(String, PathBuf)>,
     pub masked: Vec<String>,
+    /// Problems finding the host files: any of them rejects the host config
+    /// as a whole, like an invalid key would.
+    pub host_errors: Vec<ConfigError>,
     pub errors: Vec<ConfigError>,
 }
 
@@ -39,7 +42,7 @@ pub fn discover(root: &Root) -> Discovered {
                 break;
             }
             Entry::Unreadable(e) => {
-                found.errors.push(ConfigError::file(&path, e));
+                found.host_errors.push(ConfigError::file(&path, e));
                 break;
             }
         }
@@ -47,7 +50,7 @@ pub fn discover(root: &Root) -> Discovered {
 
     let (fragments, _) = winners(
         &dirs.iter().map(|d| d.join(HOST_FRAGMENT_DIR)).collect::<Vec<_>>(),
-        &mut found.errors,
+        &mut found.host_errors,
     );
     found.host_files.extend(fragments.into_values());
 

@@ -334,7 +334,7 @@ pub fn is_valid_unit_name(name: &str) -> bool {
     name.len() <= 255
         && !prefix.is_empty()
         && ok(prefix)
-        && instance.is_none_or(|i| !i.contains('@') && ok(i))
+        && instance.is_none_or(|i| !i.is_empty() && !i.contains('@') && ok(i))
 }
 
 /// Validates a list of unit names for `after`/`wants` (with `workload`

@@ -43,8 +43,12 @@ out=$(ct systemctl restart berth-drain.service 2>&1) && rc=0 || rc=$?
 check_eq "systemctl restart berth-drain is refused (exit 4)" 4 "$rc"
 after_each "restart berth-drain"
 
+autostart_runs() { ct journalctl -b --no-pager | grep -c 'berth autostart: ran' || true; }
+check_eq "autostart ran once at boot" 1 "$(autostart_runs)"
+
 check "systemctl restart berth.target" ct systemctl restart berth.target
 after_each "restart berth.target"
+check_eq "restarting berth.target does not re-run the autostart" 1 "$(autostart_runs)"
 
 ct systemctl isolate --no-block rescue.target
 after_each "isolate rescue.target"
@@ -54,6 +58,10 @@ ct systemctl isolate --no-block emergency.target
 after_each "isolate emergency.target"
 check_eq "emergency.target reached" "active" "$(ct_prop emergency.target ActiveState)"
 check_eq "sysinit.target was stopped by the isolate" "inactive" "$(ct_prop sysinit.target ActiveState)"
+
+ct systemctl isolate --no-block multi-user.target
+after_each "isolate back to multi-user.target"
+check_eq "returning to multi-user.target does not re-run the autostart" 1 "$(autostart_runs)"
 
 ct_poweroff 120
 check "power-off completed" test -z "$CT_PID"
