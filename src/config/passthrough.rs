@@ -518,72 +518,55 @@ mod tests {
 
     #[test]
     fn accepted_values_render_as_systemd_syntax() {
-        assert_eq!(one("MemoryMax", "\"512M\""), Ok("MemoryMax=512M".into()));
-        assert_eq!(one("MemoryMax", "1073741824"), Ok("MemoryMax=1073741824".into()));
-        assert_eq!(one("MemoryHigh", "\"80%\""), Ok("MemoryHigh=80%".into()));
-        assert_eq!(one("CPUQuota", "\"150%\""), Ok("CPUQuota=150%".into()));
-        assert_eq!(one("CPUWeight", "200"), Ok("CPUWeight=200".into()));
-        assert_eq!(one("TasksMax", "\"infinity\""), Ok("TasksMax=infinity".into()));
-        assert_eq!(one("NoNewPrivileges", "true"), Ok("NoNewPrivileges=yes".into()));
-        assert_eq!(
-            one("ProtectSystem", "\"strict\""),
-            Ok("ProtectSystem=strict".into())
-        );
-        assert_eq!(one("ProtectHome", "false"), Ok("ProtectHome=no".into()));
-        assert_eq!(
-            one("SystemCallFilter", "[\"@system-service\", \"~@mount\"]"),
-            Ok("SystemCallFilter=@system-service ~@mount".into())
-        );
-        assert_eq!(
-            one("ReadWritePaths", "[\"/var/lib/vm\", \"-/srv/x\"]"),
-            Ok("ReadWritePaths=/var/lib/vm -/srv/x".into())
-        );
-        assert_eq!(one("KillSignal", "\"SIGINT\""), Ok("KillSignal=SIGINT".into()));
-        assert_eq!(
-            one("TimeoutStartSec", "\"5min 20s\""),
-            Ok("TimeoutStartSec=5min 20s".into())
-        );
-        assert_eq!(one("AllowedCPUs", "\"0-3,6\""), Ok("AllowedCPUs=0-3,6".into()));
-        assert_eq!(one("UMask", "\"0027\""), Ok("UMask=0027".into()));
-        assert_eq!(
-            one("RestrictNamespaces", "true"),
-            Ok("RestrictNamespaces=yes".into())
-        );
-        assert_eq!(
-            one("RestrictNamespaces", "[\"~user\", \"~net\"]"),
-            Ok("RestrictNamespaces=~user ~net".into())
-        );
+        for (key, value, line) in [
+            ("MemoryMax", "\"512M\"", "MemoryMax=512M"),
+            ("MemoryMax", "1073741824", "MemoryMax=1073741824"),
+            ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
+            ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
+            ("CPUWeight", "200", "CPUWeight=200"),
+            ("TasksMax", "\"infinity\"", "TasksMax=infinity"),
+            ("NoNewPrivileges", "true", "NoNewPrivileges=yes"),
+            ("ProtectSystem", "\"strict\"", "ProtectSystem=strict"),
+            ("ProtectHome", "false", "ProtectHome=no"),
+            (
+                "SystemCallFilter",
+                "[\"@system-service\", \"~@mount\"]",
+                "SystemCallFilter=@system-service ~@mount",
+            ),
+            (
+                "ReadWritePaths",
+                "[\"/var/lib/vm\", \"-/srv/x\"]",
+                "ReadWritePaths=/var/lib/vm -/srv/x",
+            ),
+            ("KillSignal", "\"SIGINT\"", "KillSignal=SIGINT"),
+            ("TimeoutStartSec", "\"5min 20s\"", "TimeoutStartSec=5min 20s"),
+            ("AllowedCPUs", "\"0-3,6\"", "AllowedCPUs=0-3,6"),
+            ("UMask", "\"0027\"", "UMask=0027"),
+            ("RestrictNamespaces", "true", "RestrictNamespaces=yes"),
+            (
+                "RestrictNamespaces",
+                "[\"~user\", \"~net\"]",
+                "RestrictNamespaces=~user ~net",
+            ),
+        ] {
+            assert_eq!(one(key, value), Ok(line.to_string()), "{key} = {value}");
+        }
     }
 
     #[test]
     fn lifecycle_settings_are_refused_with_a_reason() {
-        assert!(
-            one("Restart", "\"always\"")
-                .unwrap_err()
-                .contains("service.Restart: berth never restarts")
-        );
-        assert!(
-            one("Slice", "\"x.slice\"")
-                .unwrap_err()
-                .contains("placement and dependencies")
-        );
-        assert!(one("ExecStop", "\"/bin/x\"").unwrap_err().contains("stop_exec"));
-        assert!(
-            one("WorkingDirectory", "\"/srv\"")
-                .unwrap_err()
-                .contains("implicit Requires=")
-        );
-        assert!(
-            one("PrivateTmp", "true")
-                .unwrap_err()
-                .contains("implicit Requires=")
-        );
-        assert!(one("TimeoutStopSec", "10").unwrap_err().contains("stop_delay_s"));
-        assert!(
-            one("Frobnicate", "1")
-                .unwrap_err()
-                .contains("not a setting berth passes through")
-        );
+        for (key, value, reason) in [
+            ("Restart", "\"always\"", "service.Restart: berth never restarts"),
+            ("Slice", "\"x.slice\"", "placement and dependencies"),
+            ("ExecStop", "\"/bin/x\"", "stop_exec"),
+            ("WorkingDirectory", "\"/srv\"", "implicit Requires="),
+            ("PrivateTmp", "true", "implicit Requires="),
+            ("TimeoutStopSec", "10", "stop_delay_s"),
+            ("Frobnicate", "1", "not a setting berth passes through"),
+        ] {
+            let err = one(key, value).unwrap_err();
+            assert!(err.contains(reason), "{key}: {err}");
+        }
     }
 
     #[test]
