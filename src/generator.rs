@@ -88,21 +88,15 @@ pub fn run(args: &[String]) -> i32 {
 /// Writes `files` under `dir`. Generator output directories start empty
 /// on every run; an existing file is an error, not something to overwrite.
 pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
-    let mut made_dirs: Vec<&str> = Vec::new();
     for f in files {
         let path = dir.join(&f.path);
-        let parent = f.path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
-        if !parent.is_empty() && !made_dirs.contains(&parent) {
-            fs::create_dir(dir.join(parent))
-                .or_else(|e| {
-                    if e.kind() == io::ErrorKind::AlreadyExists {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })
-                .map_err(|e| format!("cannot create {}: {e}", dir.join(parent).display()))?;
-            made_dirs.push(parent);
+        if let Some((parent, _)) = f.path.rsplit_once('/') {
+            let parent = dir.join(parent);
+            match fs::create_dir(&parent) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("cannot create {}: {e}", parent.display())),
+            }
         }
         let result = match &f.content {
             Content::Text(text) => fs::OpenOptions::new()
