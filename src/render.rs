@@ -40,8 +40,9 @@ pub enum Content {
 //
 // So every word is written inside double quotes, with `\` and `"`
 // backslash-escaped, control characters as `\xNN`, `%` doubled, and `$`
-// doubled where the setting expands variables. Quoting every word also
-// keeps empty arguments, spaces, `;` and leading prefix characters literal.
+// doubled where the setting expands variables (arguments, not the program
+// path). Quoting every word also keeps empty arguments, spaces, `;` and
+// leading prefix characters literal.
 // Non-ASCII text passes through unchanged (unit files are UTF-8).
 // ---------------------------------------------------------------------------
 
@@ -68,13 +69,15 @@ fn quote_word(word: &str, expands_dollar: bool, out: &mut String) {
 }
 
 /// The value of an `ExecStart=`/`ExecStop=` line that runs exactly `argv`.
+/// systemd replaces `$` variables in the arguments but not in the program
+/// path, so `$` is doubled everywhere except in the first word.
 pub fn exec_line(argv: &[String]) -> String {
     let mut out = String::new();
     for (i, word) in argv.iter().enumerate() {
         if i > 0 {
             out.push(' ');
         }
-        quote_word(word, true, &mut out);
+        quote_word(word, i > 0, &mut out);
     }
     out
 }
@@ -90,7 +93,7 @@ pub fn environment_assignment(name: &str, value: &str) -> String {
 /// (`Description=`). Config validation rejects what cannot be represented
 /// there (control characters, a trailing backslash).
 pub fn plain_text(text: &str) -> String {
-    text.trim().replace('%', "%%")
+    text.replace('%', "%%")
 }
 
 // ---------------------------------------------------------------------------
@@ -291,6 +294,7 @@ mod tests {
             exec(&["/x", "%h", "$HOME", "${X}"]),
             r#""/x" "%%h" "$$HOME" "$${X}""#
         );
+        assert_eq!(exec(&["/a$b/%c", "$d"]), r#""/a$b/%%c" "$$d""#);
         assert_eq!(
             exec(&["/x", "a\"b", "c\\d", "'q'"]),
             r#""/x" "a\"b" "c\\d" "'q'""#

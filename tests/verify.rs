@@ -48,13 +48,19 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 fn verify_case(case: &Path, units: &Path) -> Result<(), String> {
+    verify_tree(&case.join("expected"), units)
+}
+
+/// Stages `generated` (a generator output tree) with the packaged units and
+/// verifies every unit in it.
+fn verify_tree(generated: &Path, units: &Path) -> Result<(), String> {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let unit_dir = root.join("usr/lib/systemd/system");
     copy_dir(Path::new("/lib/systemd/system"), &unit_dir);
     copy_dir(units, &unit_dir);
     let run_dir = root.join("run/systemd/system");
-    copy_dir(&case.join("expected"), &run_dir);
+    copy_dir(generated, &run_dir);
 
     stub(root, "/usr/bin/berth");
     stub(root, "/bin/true");
@@ -124,6 +130,43 @@ fn generated_units_pass_systemd_analyze_verify() {
     );
 }
 
+/// Every pass-through value the validator accepts at its boundaries is
+/// parsed by systemd without a warning (a warning means systemd ignored
+/// it). One workload per sample, so that repeated keys are all seen.
+#[test]
+fn every_accepted_passthrough_sample_passes_verify() {
+    if !require(
+        have("systemd-analyze"),
+        "systemd-analyze (Debian package systemd)",
+    ) {
+        return;
+    }
+    let units = built_units();
+    let root = tempfile::tempdir().unwrap();
+    let workloads = root.path().join("etc/berth/workloads");
+    fs::create_dir_all(&workloads).unwrap();
+    for (i, (key, value, _)) in berth::config::ACCEPTED_SAMPLES.iter().enumerate() {
+        fs::write(
+            workloads.join(format!("s{i}.toml")),
+            format!("exec = [\"/usr/bin/app\"]\n[service]\n{key} = {value}\n"),
+        )
+        .unwrap();
+    }
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(common::generator_bin())
+        .arg(out.path())
+        .env("BERTH_ROOT", root.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the generator refused a sample");
+    let written = tree(out.path())
+        .iter()
+        .filter(|(p, _)| p.starts_with("berth@s"))
+        .count();
+    assert_eq!(written, berth::config::ACCEPTED_SAMPLES.len());
+    verify_tree(out.path(), &units).unwrap();
+}
+
 /// The check above must be able to fail: a unit with an unknown key and a
 /// missing program is caught.
 #[test]
@@ -135,10 +178,13 @@ fn verify_check_catches_a_bad_unit() {
         return;
     }
     let units = built_units();
-    let case = tempfile::tempdir().unwrap();
-    let dropin = case.path().join("expected/berth@bad.service.d");
-    fs::create_dir_all(&dropin).unwrap();
-    fs::write(dropin.join("10-berth.conf"), "[Service]\nFrobnicate=yes\n").unwrap();
-    let err = verify_case(case.path(), &units).unwrap_err();
-    assert!(err.contains("Frobnicate"), "{err}");
+    // An unknown key, and a value systemd parses with a warning and drops.
+    for (line, needle) in [("Frobnicate=yes", "Frobnicate"), ("MemoryMax=101%", "101%")] {
+        let tree = tempfile::tempdir().unwrap();
+        let dropin = tree.path().join("berth@bad.service.d");
+        fs::create_dir_all(&dropin).unwrap();
+        fs::write(dropin.join("10-berth.conf"), format!("[Service]\n{line}\n")).unwrap();
+        let err = verify_tree(tree.path(), &units).unwrap_err();
+        assert!(err.contains(needle), "{err}");
+    }
 }

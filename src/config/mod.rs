@@ -13,7 +13,7 @@ mod source;
 mod workload;
 
 pub use host::{DaemonSettings, HostSettings};
-pub use passthrough::{PassthroughKind, passthrough_rule};
+pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, passthrough_rule};
 pub use source::Discovered;
 pub use workload::{StopAction, Workload, WorkloadKind, is_valid_workload_name};
 

@@ -2,11 +2,13 @@
 //! the workload's unit.
 //!
 //! An allowlist, not a denylist: a setting is passed only when berth knows
-//! it cannot change the lifecycle, and its value is checked against the
-//! syntax systemd accepts, so the generator never writes a line systemd
-//! would reject or silently ignore. Values never contain `%`, quotes,
-//! backslashes or whitespace except where a kind allows it, so nothing here
-//! needs escaping; the escaper in `render` is for argv and environment.
+//! it cannot change the lifecycle, and its value is checked against what
+//! systemd 252 parses without a warning (tests/verify.rs runs every accepted
+//! boundary value through `systemd-analyze verify`), so the generator never
+//! writes a line systemd would reject or silently ignore. Values never hold
+//! `%`, quotes, backslashes or whitespace except where a kind allows it, so
+//! nothing here needs escaping; the escaper in `render` is for argv and
+//! environment.
 
 use std::path::Path;
 
@@ -24,35 +26,43 @@ pub struct ServiceSetting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PassthroughKind {
     Bool,
-    /// 1-10000.
+    /// An integer from 1 to 10000.
     Weight,
-    /// `N%` or `N.N%`.
-    Percent,
-    /// Bytes with an optional K/M/G/T/P/E suffix, a percentage, or `infinity`.
+    /// A whole percentage above 0 (CPUQuota=; may exceed 100).
+    CpuQuota,
+    /// Bytes (integer), a whole number with a K/M/G/T/P/E suffix, a whole
+    /// percentage up to 100, or `infinity`.
     Bytes,
-    /// A count, a percentage or `infinity`.
+    /// A count of at least 1, a whole percentage from 1 to 100, or `infinity`.
     Tasks,
-    /// A count with an optional size suffix, or `infinity`.
-    Rlimit,
+    /// A count or `infinity` (LimitNOFILE=, LimitNPROC=).
+    RlimitCount,
+    /// Bytes, a whole number with a size suffix, or `infinity`.
+    RlimitSize,
     Int(i64, i64),
-    /// CPU indices and ranges: `0-3,6`.
+    /// CPU indices and ascending ranges below 8192: `0-3,6`.
     CpuSet,
+    /// A signal whose default action ends the process.
     Signal,
     /// A time span (`90`, `5min 20s`, `1h`) or `infinity`.
     Duration,
     Enum(&'static [&'static str]),
     /// A boolean or one of the words.
     BoolOr(&'static [&'static str]),
-    /// Space-separated tokens of `[A-Za-z0-9_@:~+.-]` (syscall filters,
-    /// capabilities, address families); a TOML list or a string.
-    Words,
-    /// A boolean, or words as for `Words` (RestrictNamespaces=).
-    BoolOrWords,
-    /// Space-separated absolute paths, each optionally prefixed by `-` or `+`.
+    /// A list of known names (a TOML list or one space-separated string).
+    /// `invert`: a single leading `~` inverts the whole list, as systemd
+    /// reads it. `boolean`: true/false are accepted too.
+    Names {
+        table: &'static [&'static str],
+        invert: bool,
+        boolean: bool,
+    },
+    /// Normalized absolute paths, each with an optional `-`, `+` or `-+`
+    /// prefix.
     Paths,
     /// Octal file mode mask: `0027`.
     UMask,
-    /// `[A-Za-z0-9_.-]+`.
+    /// `[A-Za-z0-9_.-]{1,64}`.
     Identifier,
 }
 
@@ -82,31 +92,178 @@ const BOOL_SETTINGS: &[&str] = &[
     "RemoveIPC",
 ];
 
-/// The allowlist, sorted by key. Everything here was checked not to add a
-/// `Requires=`/`BindsTo=` on a unit that is stopped at shutdown.
+const CAPABILITIES: &[&str] = &[
+    "CAP_AUDIT_CONTROL",
+    "CAP_AUDIT_READ",
+    "CAP_AUDIT_WRITE",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_KILL",
+    "CAP_LEASE",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_MAC_ADMIN",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MKNOD",
+    "CAP_NET_ADMIN",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_RAW",
+    "CAP_PERFMON",
+    "CAP_SETFCAP",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_SETUID",
+    "CAP_SYSLOG",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_NICE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_WAKE_ALARM",
+];
+
+/// systemd 252's system call groups. Single system calls are not accepted:
+/// an unknown name is silently dropped by systemd.
+const SYSCALL_GROUPS: &[&str] = &[
+    "@aio",
+    "@basic-io",
+    "@chown",
+    "@clock",
+    "@cpu-emulation",
+    "@debug",
+    "@default",
+    "@file-system",
+    "@io-event",
+    "@ipc",
+    "@keyring",
+    "@known",
+    "@memlock",
+    "@module",
+    "@mount",
+    "@network-io",
+    "@obsolete",
+    "@pkey",
+    "@privileged",
+    "@process",
+    "@raw-io",
+    "@reboot",
+    "@resources",
+    "@sandbox",
+    "@setuid",
+    "@signal",
+    "@swap",
+    "@sync",
+    "@system-service",
+    "@timer",
+];
+
+const ARCHITECTURES: &[&str] = &[
+    "native",
+    "x86",
+    "x86-64",
+    "x32",
+    "arm",
+    "arm64",
+    "mips",
+    "mips-le",
+    "mips64",
+    "mips64-le",
+    "ppc",
+    "ppc64",
+    "ppc64-le",
+    "s390",
+    "s390x",
+    "riscv64",
+];
+
+const NAMESPACES: &[&str] = &["cgroup", "ipc", "net", "mnt", "pid", "user", "uts"];
+
+const ADDRESS_FAMILIES: &[&str] = &[
+    "AF_UNIX",
+    "AF_LOCAL",
+    "AF_INET",
+    "AF_INET6",
+    "AF_NETLINK",
+    "AF_PACKET",
+    "AF_BLUETOOTH",
+    "AF_ALG",
+    "AF_VSOCK",
+    "AF_CAN",
+    "AF_XDP",
+    "AF_KEY",
+    "AF_TIPC",
+    "AF_RDS",
+    "AF_X25",
+    "AF_AX25",
+    "AF_APPLETALK",
+    "AF_IPX",
+    "AF_NFC",
+    "AF_QIPCRTR",
+    "AF_SMC",
+];
+
+const STANDARD_OUTPUTS: &[&str] = &[
+    "inherit",
+    "null",
+    "journal",
+    "kmsg",
+    "journal+console",
+    "kmsg+console",
+];
+
+/// The allowlist, sorted by key. Everything here was checked in the harness
+/// not to add a `Requires=`/`BindsTo=` on a unit stopped at shutdown.
 const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("AllowedCPUs", CpuSet),
-    ("AmbientCapabilities", Words),
+    (
+        "AmbientCapabilities",
+        Names {
+            table: CAPABILITIES,
+            invert: false,
+            boolean: false,
+        },
+    ),
     ("CPUAffinity", CpuSet),
-    ("CPUQuota", Percent),
+    ("CPUQuota", CpuQuota),
     (
         "CPUSchedulingPolicy",
         Enum(&["other", "batch", "idle", "fifo", "rr"]),
     ),
     ("CPUWeight", Weight),
-    ("CapabilityBoundingSet", Words),
+    (
+        "CapabilityBoundingSet",
+        Names {
+            table: CAPABILITIES,
+            invert: true,
+            boolean: false,
+        },
+    ),
     ("DevicePolicy", Enum(&["auto", "closed", "strict"])),
     ("IOSchedulingClass", Enum(&["realtime", "best-effort", "idle"])),
     ("IOSchedulingPriority", Int(0, 7)),
     ("IOWeight", Weight),
     ("InaccessiblePaths", Paths),
     ("KillSignal", Signal),
-    ("LimitAS", Rlimit),
-    ("LimitCORE", Rlimit),
-    ("LimitMEMLOCK", Rlimit),
-    ("LimitNOFILE", Rlimit),
-    ("LimitNPROC", Rlimit),
-    ("LimitSTACK", Rlimit),
+    ("LimitAS", RlimitSize),
+    ("LimitCORE", RlimitSize),
+    ("LimitMEMLOCK", RlimitSize),
+    ("LimitNOFILE", RlimitCount),
+    ("LimitNPROC", RlimitCount),
+    ("LimitSTACK", RlimitSize),
     (
         "LogLevelMax",
         Enum(&[
@@ -124,42 +281,48 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("ProtectSystem", BoolOr(&["full", "strict"])),
     ("ReadOnlyPaths", Paths),
     ("ReadWritePaths", Paths),
-    ("RestrictAddressFamilies", Words),
-    ("RestrictNamespaces", BoolOrWords),
     (
-        "StandardError",
-        Enum(&[
-            "inherit",
-            "null",
-            "journal",
-            "kmsg",
-            "journal+console",
-            "kmsg+console",
-        ]),
+        "RestrictAddressFamilies",
+        Names {
+            table: ADDRESS_FAMILIES,
+            invert: true,
+            boolean: false,
+        },
     ),
     (
-        "StandardOutput",
-        Enum(&[
-            "inherit",
-            "null",
-            "journal",
-            "kmsg",
-            "journal+console",
-            "kmsg+console",
-        ]),
+        "RestrictNamespaces",
+        Names {
+            table: NAMESPACES,
+            invert: true,
+            boolean: true,
+        },
     ),
+    ("StandardError", Enum(STANDARD_OUTPUTS)),
+    ("StandardOutput", Enum(STANDARD_OUTPUTS)),
     ("StartupCPUWeight", Weight),
     ("StartupIOWeight", Weight),
     ("SyslogIdentifier", Identifier),
-    ("SystemCallArchitectures", Words),
-    ("SystemCallErrorNumber", Identifier),
-    ("SystemCallFilter", Words),
+    (
+        "SystemCallArchitectures",
+        Names {
+            table: ARCHITECTURES,
+            invert: false,
+            boolean: false,
+        },
+    ),
+    (
+        "SystemCallFilter",
+        Names {
+            table: SYSCALL_GROUPS,
+            invert: true,
+            boolean: false,
+        },
+    ),
     ("TasksMax", Tasks),
     ("TimeoutStartSec", Duration),
     ("UMask", UMask),
 ];
 
-/// Why a known setting is refused, for the message.
 const REFUSED: &[(&[&str], &str)] = &[
     (
         &[
@@ -306,42 +469,27 @@ fn static_key(key: &str) -> &'static str {
 
 fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> {
     match (kind, value) {
-        (Bool, Value::Boolean(b)) => Ok(yes_no(*b)),
-        (Bool, other) => Err(format!("must be true or false, not {}", other.type_str())),
-        (BoolOr(_) | BoolOrWords, Value::Boolean(b)) => Ok(yes_no(*b)),
+        (Bool | BoolOr(_), Value::Boolean(b)) => Ok(yes_no(*b)),
+        (Names { boolean: true, .. }, Value::Boolean(b)) => Ok(yes_no(*b)),
         (BoolOr(words) | Enum(words), Value::String(s)) => {
             if words.contains(&s.as_str()) {
                 Ok(s.clone())
             } else {
-                let alts = words
-                    .iter()
-                    .map(|w| format!("{w:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
                 let also = if matches!(kind, BoolOr(_)) {
                     "true, false, "
                 } else {
                     ""
                 };
-                Err(format!("must be one of {also}{alts}; not {s:?}"))
+                Err(format!("must be one of {also}{}; not {s:?}", quoted_list(words)))
             }
         }
-        (Int(min, max), Value::Integer(n)) => {
-            if (min..=max).contains(n) {
-                Ok(n.to_string())
-            } else {
-                Err(format!("must be from {min} to {max}, not {n}"))
-            }
+        (Int(min, max), Value::Integer(n)) => in_range(*n, min, max).map(|n| n.to_string()),
+        (Weight, Value::Integer(n)) => in_range(*n, 1, 10_000).map(|n| n.to_string()),
+        (Bytes | RlimitCount | RlimitSize, Value::Integer(n)) => {
+            in_range(*n, 0, i64::MAX).map(|n| n.to_string())
         }
-        (Weight, Value::Integer(n)) => {
-            if (1..=10000).contains(n) {
-                Ok(n.to_string())
-            } else {
-                Err(format!("must be from 1 to 10000, not {n}"))
-            }
-        }
-        (Bytes | Tasks | Rlimit, Value::Integer(n)) if *n >= 0 => Ok(n.to_string()),
-        (Words | BoolOrWords | Paths, Value::Array(items)) => {
+        (Tasks, Value::Integer(n)) => in_range(*n, 1, i64::MAX).map(|n| n.to_string()),
+        (Names { .. } | Paths, Value::Array(items)) => {
             let mut words = Vec::with_capacity(items.len());
             for item in items {
                 match item {
@@ -349,12 +497,38 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
                     other => return Err(format!("list items must be strings, not {}", other.type_str())),
                 }
             }
-            check_words(kind, &words)?;
-            Ok(words.join(" "))
+            check_list(kind, &words)
         }
-        (_, Value::String(s)) => check_string(kind, s).map(|()| s.clone()),
+        (Names { .. } | Paths, Value::String(s)) => {
+            check_list(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>())
+        }
+        (_, Value::String(s)) => {
+            if check_string(kind, s) {
+                Ok(s.clone())
+            } else {
+                Err(format!("must be {}, not {s:?}", expectation(kind)))
+            }
+        }
         (_, other) => Err(format!("must be {}, not {}", expectation(kind), other.type_str())),
     }
+}
+
+fn in_range(n: i64, min: i64, max: i64) -> Result<i64, String> {
+    if (min..=max).contains(&n) {
+        Ok(n)
+    } else if max == i64::MAX {
+        Err(format!("must be at least {min}, not {n}"))
+    } else {
+        Err(format!("must be from {min} to {max}, not {n}"))
+    }
+}
+
+fn quoted_list(words: &[&str]) -> String {
+    words
+        .iter()
+        .map(|w| format!("{w:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn yes_no(b: bool) -> String {
@@ -365,108 +539,136 @@ fn expectation(kind: PassthroughKind) -> &'static str {
     match kind {
         Bool => "true or false",
         Weight => "an integer from 1 to 10000",
-        Percent => "a percentage string like \"50%\"",
-        Bytes => "a size like \"512M\", a percentage, or \"infinity\"",
-        Tasks => "a count, a percentage or \"infinity\"",
-        Rlimit => "a count (size suffixes allowed) or \"infinity\"",
+        CpuQuota => "a whole percentage above 0 like \"150%\"",
+        Bytes => "a size like \"512M\", a whole percentage up to \"100%\", or \"infinity\"",
+        Tasks => "a count of at least 1, a whole percentage up to \"100%\", or \"infinity\"",
+        RlimitCount => "a count or \"infinity\"",
+        RlimitSize => "a size like \"8M\" or \"infinity\"",
         Int(..) => "an integer",
-        CpuSet => "a CPU list like \"0-3,6\"",
-        Signal => "a signal name like \"SIGINT\"",
-        Duration => "a time span like \"90s\" or \"5min\", or \"infinity\"",
+        CpuSet => "a CPU list like \"0-3,6\" (ascending ranges, CPUs below 8192)",
+        Signal => "a terminating signal like \"SIGINT\" or \"SIGTERM\"",
+        Duration => "a time span like \"90s\" or \"5min 20s\", or \"infinity\"",
         Enum(_) | BoolOr(_) => "a string",
-        Words => "a list of words or one string of space-separated words",
-        BoolOrWords => "true, false, or a list of words",
+        Names { boolean: true, .. } => "true, false, or a list of names",
+        Names { .. } => "a list of names",
         Paths => "a list of absolute paths",
         UMask => "an octal mask string like \"0027\"",
-        Identifier => "a string of A-Z a-z 0-9 _ . -",
+        Identifier => "a string of 1-64 characters from A-Z a-z 0-9 _ . -",
     }
 }
 
-fn check_string(kind: PassthroughKind, s: &str) -> Result<(), String> {
-    let bad = || Err(format!("must be {}, not {s:?}", expectation(kind)));
-    let ok = match kind {
-        Percent => percent(s),
-        Bytes => s == "infinity" || percent(s) || size(s),
-        Tasks => s == "infinity" || percent(s) || digits(s),
-        Rlimit => s == "infinity" || size(s),
+fn check_string(kind: PassthroughKind, s: &str) -> bool {
+    match kind {
+        CpuQuota => percent(s).is_some_and(|p| (1..=100_000).contains(&p)),
+        Bytes => s == "infinity" || percent(s).is_some_and(|p| p <= 100) || size(s).is_some(),
+        Tasks => {
+            s == "infinity"
+                || percent(s).is_some_and(|p| (1..=100).contains(&p))
+                || number(s).is_some_and(|n| n >= 1)
+        }
+        RlimitCount => s == "infinity" || number(s).is_some(),
+        RlimitSize => s == "infinity" || size(s).is_some(),
         CpuSet => cpu_set(s),
-        Signal => SIGNALS.contains(&s.strip_prefix("SIG").unwrap_or(s)),
+        Signal => TERMINATING_SIGNALS.contains(&s.strip_prefix("SIG").unwrap_or(s)),
         Duration => s == "infinity" || duration(s),
-        UMask => s.len() <= 4 && !s.is_empty() && s.chars().all(|c| ('0'..='7').contains(&c)),
+        UMask => (1..=4).contains(&s.len()) && s.chars().all(|c| ('0'..='7').contains(&c)),
         Identifier => {
-            !s.is_empty()
-                && s.len() <= 64
+            (1..=64).contains(&s.len())
                 && s.chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
         }
-        Words | BoolOrWords | Paths => {
-            return check_words(kind, &s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>());
-        }
-        Weight | Int(..) | Bool => false,
-        Enum(_) | BoolOr(_) => unreachable!("handled by render_value"),
-    };
-    if ok { Ok(()) } else { bad() }
+        Bool | Weight | Int(..) => false,
+        Enum(_) | BoolOr(_) | Names { .. } | Paths => unreachable!("handled by render_value"),
+    }
 }
 
-fn check_words(kind: PassthroughKind, words: &[&str]) -> Result<(), String> {
-    if words.is_empty() {
+/// Validates a list and renders it as systemd reads it.
+fn check_list(kind: PassthroughKind, words: &[&str]) -> Result<String, String> {
+    let Some(first) = words.first() else {
         return Err("must not be empty".into());
-    }
-    for w in words {
-        let ok = match kind {
-            Words | BoolOrWords => {
-                !w.is_empty()
-                    && w.chars().all(|c| {
-                        c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | ':' | '~' | '+' | '.' | '-')
-                    })
+    };
+    match kind {
+        Names { table, invert, .. } => {
+            let inverted = invert && first.starts_with('~');
+            let mut names = Vec::with_capacity(words.len());
+            for (i, w) in words.iter().enumerate() {
+                let name = if i == 0 && inverted { &w[1..] } else { w };
+                if !table.contains(&name) {
+                    let hint = if name.starts_with('~') && invert {
+                        " (a single ~ before the first name inverts the whole list)"
+                    } else {
+                        ""
+                    };
+                    return Err(format!("{w:?} is not one of {}{hint}", quoted_list(table)));
+                }
+                names.push(name);
             }
-            Paths => {
-                let p = w.trim_start_matches(['-', '+']);
-                p.starts_with('/')
-                    && p.len() < 4096
-                    && !p
-                        .chars()
-                        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '%' | '"' | '\'' | '\\'))
-            }
-            _ => unreachable!("only word lists"),
-        };
-        if !ok {
-            let what = if kind == Paths {
-                "an absolute path (optionally prefixed by - or +) without whitespace, quotes, backslashes or %"
-            } else {
-                "a word of A-Z a-z 0-9 _ @ : ~ + . -"
-            };
-            return Err(format!("{w:?} is not {what}"));
+            Ok(format!("{}{}", if inverted { "~" } else { "" }, names.join(" ")))
         }
+        Paths => {
+            for w in words {
+                if !path_entry(w) {
+                    return Err(format!(
+                        "{w:?} is not a normalized absolute path (optionally prefixed by -, + or -+) \
+                         without whitespace, quotes, backslashes or %"
+                    ));
+                }
+            }
+            Ok(words.join(" "))
+        }
+        _ => unreachable!("only lists"),
     }
-    Ok(())
 }
 
-fn digits(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 20 && s.chars().all(|c| c.is_ascii_digit())
+fn path_entry(w: &str) -> bool {
+    let p = w
+        .strip_prefix("-+")
+        .or_else(|| w.strip_prefix('-'))
+        .or_else(|| w.strip_prefix('+'))
+        .unwrap_or(w);
+    let Some(rest) = p.strip_prefix('/') else {
+        return false;
+    };
+    p.len() < 4096
+        && (rest.is_empty()
+            || rest
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255))
+        && !p
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '%' | '"' | '\'' | '\\'))
 }
 
-fn decimal(s: &str) -> bool {
-    match s.split_once('.') {
-        Some((a, b)) => digits(a) && digits(b),
-        None => digits(s),
+/// A non-negative whole number that fits u64 (systemd's limit values).
+fn number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit()) {
+        return None;
     }
+    s.parse().ok()
 }
 
-fn percent(s: &str) -> bool {
-    s.strip_suffix('%').is_some_and(decimal)
+fn percent(s: &str) -> Option<u64> {
+    number(s.strip_suffix('%')?)
 }
 
-fn size(s: &str) -> bool {
-    let n = s.strip_suffix(['K', 'M', 'G', 'T', 'P', 'E']).unwrap_or(s);
-    decimal(n)
+/// Bytes, with an optional binary suffix; must stay below u64::MAX, which
+/// systemd reserves for "infinity".
+fn size(s: &str) -> Option<u64> {
+    const SUFFIXES: &[(char, u32)] = &[('K', 1), ('M', 2), ('G', 3), ('T', 4), ('P', 5), ('E', 6)];
+    let (digits, shift) = match SUFFIXES.iter().find(|(c, _)| s.ends_with(*c)) {
+        Some((_, k)) => (&s[..s.len() - 1], k * 10),
+        None => (s, 0),
+    };
+    let n = number(digits)?;
+    n.checked_mul(1u64 << shift).filter(|v| *v < u64::MAX)
 }
 
 fn cpu_set(s: &str) -> bool {
+    const MAX_CPU: u64 = 8192;
     !s.is_empty()
         && s.split(',').all(|part| match part.split_once('-') {
-            Some((a, b)) => digits(a) && digits(b),
-            None => digits(part),
+            Some((a, b)) => matches!((number(a), number(b)), (Some(a), Some(b)) if a <= b && b < MAX_CPU),
+            None => number(part).is_some_and(|n| n < MAX_CPU),
         })
 }
 
@@ -479,7 +681,8 @@ fn duration(s: &str) -> bool {
     for part in s.split(' ').filter(|p| !p.is_empty()) {
         let split = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
         let (n, unit) = part.split_at(split);
-        if !digits(n) || !(unit.is_empty() || UNITS.contains(&unit)) {
+        // Nine digits of weeks still fits systemd's 64-bit microseconds.
+        if n.is_empty() || n.len() > 9 || !(unit.is_empty() || UNITS.contains(&unit)) {
             return false;
         }
         any = true;
@@ -487,11 +690,12 @@ fn duration(s: &str) -> bool {
     any
 }
 
-/// Signal names as systemd's KillSignal= takes them (without `SIG`).
-const SIGNALS: &[&str] = &[
-    "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE",
-    "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ",
-    "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS", "RTMIN",
+/// Signals whose default action ends the process: a KillSignal= that only
+/// stops or is ignored would leave a stop waiting forever when force-off is
+/// disabled.
+const TERMINATING_SIGNALS: &[&str] = &[
+    "HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "PIPE", "ALRM", "TERM", "XCPU", "XFSZ", "VTALRM",
+    "PROF", "IO", "PWR", "SYS",
 ];
 
 #[cfg(test)]
@@ -516,39 +720,11 @@ mod tests {
         assert_eq!(keys, sorted);
     }
 
+    /// Accepted values and the line each renders to. tests/verify.rs feeds
+    /// this same list (ACCEPTED_SAMPLES) to `systemd-analyze verify`.
     #[test]
     fn accepted_values_render_as_systemd_syntax() {
-        for (key, value, line) in [
-            ("MemoryMax", "\"512M\"", "MemoryMax=512M"),
-            ("MemoryMax", "1073741824", "MemoryMax=1073741824"),
-            ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
-            ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
-            ("CPUWeight", "200", "CPUWeight=200"),
-            ("TasksMax", "\"infinity\"", "TasksMax=infinity"),
-            ("NoNewPrivileges", "true", "NoNewPrivileges=yes"),
-            ("ProtectSystem", "\"strict\"", "ProtectSystem=strict"),
-            ("ProtectHome", "false", "ProtectHome=no"),
-            (
-                "SystemCallFilter",
-                "[\"@system-service\", \"~@mount\"]",
-                "SystemCallFilter=@system-service ~@mount",
-            ),
-            (
-                "ReadWritePaths",
-                "[\"/var/lib/vm\", \"-/srv/x\"]",
-                "ReadWritePaths=/var/lib/vm -/srv/x",
-            ),
-            ("KillSignal", "\"SIGINT\"", "KillSignal=SIGINT"),
-            ("TimeoutStartSec", "\"5min 20s\"", "TimeoutStartSec=5min 20s"),
-            ("AllowedCPUs", "\"0-3,6\"", "AllowedCPUs=0-3,6"),
-            ("UMask", "\"0027\"", "UMask=0027"),
-            ("RestrictNamespaces", "true", "RestrictNamespaces=yes"),
-            (
-                "RestrictNamespaces",
-                "[\"~user\", \"~net\"]",
-                "RestrictNamespaces=~user ~net",
-            ),
-        ] {
+        for (key, value, line) in ACCEPTED_SAMPLES {
             assert_eq!(one(key, value), Ok(line.to_string()), "{key} = {value}");
         }
     }
@@ -569,25 +745,159 @@ mod tests {
         }
     }
 
+    /// Values systemd 252 rejects or silently ignores (seen with
+    /// `systemd-analyze verify`), and values that would break the lifecycle.
     #[test]
     fn bad_values_are_refused() {
         for (k, v) in [
             ("MemoryMax", "\"lots\""),
             ("MemoryMax", "-1"),
+            ("MemoryMax", "\"101%\""),
+            ("MemoryMax", "\"0.555%\""),
+            ("MemoryMax", "\"1.5G\""),
+            ("MemoryMax", "\"99999999999999999999\""),
+            ("MemoryMax", "\"16E\""),
             ("CPUWeight", "0"),
             ("CPUQuota", "\"50\""),
+            ("CPUQuota", "\"0%\""),
+            ("CPUQuota", "\"1.234%\""),
+            ("TasksMax", "0"),
+            ("TasksMax", "\"0\""),
+            ("TasksMax", "\"101%\""),
+            ("LimitNOFILE", "\"64K\""),
+            ("LimitNPROC", "\"1K\""),
+            ("AllowedCPUs", "\"3-1\""),
+            ("AllowedCPUs", "\"99999\""),
+            ("TimeoutStartSec", "\"99999999999999999999\""),
+            ("TimeoutStartSec", "\"soon\""),
             ("KillSignal", "\"SIGFOO\""),
+            ("KillSignal", "\"SIGSTOP\""),
+            ("KillSignal", "\"SIGCHLD\""),
+            ("KillSignal", "\"SIGCONT\""),
+            ("SystemCallFilter", "[\"@system-service\", \"~@mount\"]"),
+            ("SystemCallFilter", "[\"write\"]"),
+            ("SystemCallFilter", "\"@x\\\"y\""),
+            (
+                "CapabilityBoundingSet",
+                "[\"~CAP_SYS_ADMIN\", \"~CAP_NET_ADMIN\"]",
+            ),
+            ("CapabilityBoundingSet", "[\"CAP_FROB\"]"),
+            ("AmbientCapabilities", "[\"~CAP_NET_RAW\"]"),
+            ("RestrictAddressFamilies", "[\"AF_FOO\"]"),
+            ("SystemCallArchitectures", "[\"bogus\"]"),
+            ("RestrictNamespaces", "[\"net\", \"~user\"]"),
             ("ReadWritePaths", "[\"relative\"]"),
             ("ReadWritePaths", "[\"/a b\"]"),
             ("ReadWritePaths", "[\"/%h\"]"),
-            ("SystemCallFilter", "\"@x\\\"y\""),
+            ("ReadWritePaths", "[\"+-/x\"]"),
+            ("ReadWritePaths", "[\"/a/../b\"]"),
+            ("ReadWritePaths", "[\"/a/\"]"),
+            ("ReadWritePaths", "[]"),
             ("NoNewPrivileges", "\"yes\""),
-            ("TimeoutStartSec", "\"soon\""),
             ("UMask", "\"0999\""),
             ("Nice", "20"),
             ("ProtectSystem", "\"everything\""),
+            ("SystemCallErrorNumber", "\"EPERM\""),
         ] {
-            assert!(one(k, v).is_err(), "{k} = {v} should be refused");
+            assert!(
+                one(k, v).is_err(),
+                "{k} = {v} should be refused, got {:?}",
+                one(k, v)
+            );
         }
     }
 }
+
+/// Accepted boundary values, with the line each renders to. Shared with
+/// tests/verify.rs, which proves systemd parses every one without a word.
+pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
+    ("MemoryMax", "\"512M\"", "MemoryMax=512M"),
+    ("MemoryMax", "1073741824", "MemoryMax=1073741824"),
+    ("MemoryMax", "\"15E\"", "MemoryMax=15E"),
+    ("MemoryMax", "\"infinity\"", "MemoryMax=infinity"),
+    ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
+    ("MemoryLow", "\"100%\"", "MemoryLow=100%"),
+    ("MemoryMin", "\"0\"", "MemoryMin=0"),
+    ("MemorySwapMax", "0", "MemorySwapMax=0"),
+    ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
+    ("CPUQuota", "\"1%\"", "CPUQuota=1%"),
+    ("CPUWeight", "1", "CPUWeight=1"),
+    ("CPUWeight", "10000", "CPUWeight=10000"),
+    ("IOWeight", "200", "IOWeight=200"),
+    ("TasksMax", "\"infinity\"", "TasksMax=infinity"),
+    ("TasksMax", "1", "TasksMax=1"),
+    ("TasksMax", "\"100%\"", "TasksMax=100%"),
+    ("LimitNOFILE", "65536", "LimitNOFILE=65536"),
+    ("LimitNPROC", "\"infinity\"", "LimitNPROC=infinity"),
+    ("LimitCORE", "\"0\"", "LimitCORE=0"),
+    ("LimitMEMLOCK", "\"64M\"", "LimitMEMLOCK=64M"),
+    ("Nice", "-20", "Nice=-20"),
+    ("OOMScoreAdjust", "1000", "OOMScoreAdjust=1000"),
+    ("NoNewPrivileges", "true", "NoNewPrivileges=yes"),
+    ("PrivateDevices", "false", "PrivateDevices=no"),
+    ("ProtectSystem", "\"strict\"", "ProtectSystem=strict"),
+    ("ProtectHome", "false", "ProtectHome=no"),
+    (
+        "SystemCallFilter",
+        "[\"@system-service\", \"@mount\"]",
+        "SystemCallFilter=@system-service @mount",
+    ),
+    (
+        "SystemCallFilter",
+        "[\"~@mount\", \"@reboot\"]",
+        "SystemCallFilter=~@mount @reboot",
+    ),
+    (
+        "SystemCallArchitectures",
+        "\"native\"",
+        "SystemCallArchitectures=native",
+    ),
+    (
+        "CapabilityBoundingSet",
+        "[\"~CAP_SYS_ADMIN\", \"CAP_NET_ADMIN\"]",
+        "CapabilityBoundingSet=~CAP_SYS_ADMIN CAP_NET_ADMIN",
+    ),
+    (
+        "AmbientCapabilities",
+        "\"CAP_NET_BIND_SERVICE\"",
+        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
+    ),
+    (
+        "RestrictAddressFamilies",
+        "[\"AF_UNIX\", \"AF_INET\", \"AF_INET6\"]",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+    ),
+    ("RestrictNamespaces", "true", "RestrictNamespaces=yes"),
+    (
+        "RestrictNamespaces",
+        "[\"~user\", \"net\"]",
+        "RestrictNamespaces=~user net",
+    ),
+    (
+        "ReadWritePaths",
+        "[\"/var/lib/vm\", \"-/srv/x\", \"+/run/y\", \"-+/z\"]",
+        "ReadWritePaths=/var/lib/vm -/srv/x +/run/y -+/z",
+    ),
+    ("ReadOnlyPaths", "\"/\"", "ReadOnlyPaths=/"),
+    ("KillSignal", "\"SIGINT\"", "KillSignal=SIGINT"),
+    ("KillSignal", "\"TERM\"", "KillSignal=TERM"),
+    ("TimeoutStartSec", "\"5min 20s\"", "TimeoutStartSec=5min 20s"),
+    ("TimeoutStartSec", "\"infinity\"", "TimeoutStartSec=infinity"),
+    ("AllowedCPUs", "\"0-3,6\"", "AllowedCPUs=0-3,6"),
+    ("CPUAffinity", "\"8191\"", "CPUAffinity=8191"),
+    ("UMask", "\"0027\"", "UMask=0027"),
+    ("SyslogIdentifier", "\"vm-1.main\"", "SyslogIdentifier=vm-1.main"),
+    (
+        "StandardOutput",
+        "\"journal+console\"",
+        "StandardOutput=journal+console",
+    ),
+    ("LogLevelMax", "\"info\"", "LogLevelMax=info"),
+    (
+        "IOSchedulingClass",
+        "\"best-effort\"",
+        "IOSchedulingClass=best-effort",
+    ),
+    ("CPUSchedulingPolicy", "\"batch\"", "CPUSchedulingPolicy=batch"),
+    ("DevicePolicy", "\"closed\"", "DevicePolicy=closed"),
+];

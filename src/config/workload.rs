@@ -133,11 +133,13 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
     let stop_exec = r.take("stop_exec").and_then(|v| argv(&mut r, "stop_exec", v));
 
     let description = r.opt_text("description").and_then(|d| {
+        // systemd strips ASCII whitespace around a value; what remains is
+        // what must not end in a backslash (that would continue the line).
+        let d = d.trim_matches([' ', '\t']).to_string();
         if d.len() > 512 {
             r.error("description", format!("is {} bytes long; at most 512", d.len()));
             None
         } else if d.ends_with('\\') {
-            // A trailing backslash continues the line in a unit file.
             r.error("description", "must not end with a backslash");
             None
         } else {
@@ -185,6 +187,10 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
                 continue;
             }
             match value {
+                Value::String(s) if s.len() > MAX_VALUE_LEN => r.error(
+                    &key,
+                    format!("is {} bytes long; at most {MAX_VALUE_LEN}", s.len()),
+                ),
                 Value::String(s) => match control_char(s) {
                     Some(c) => r.error(&key, describe_control(c)),
                     None => {
@@ -263,20 +269,59 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
         }
         out.push(s.clone());
     }
-    let program = &out[0];
-    let bare = !program.is_empty()
-        && program
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '+'))
-        && program.starts_with(|c: char| c.is_ascii_alphanumeric());
-    if !(program.starts_with('/') || bare) {
+    let total: usize = out.iter().map(String::len).sum();
+    if total > MAX_VALUE_LEN {
         r.error(
-            &format!("{key}[0]"),
-            format!("{program:?} must be an absolute path or a plain command name"),
+            key,
+            format!("is {total} bytes long in all; at most {MAX_VALUE_LEN}"),
         );
         return None;
     }
+    if let Err(why) = check_program(&out[0]) {
+        r.error(&format!("{key}[0]"), format!("{:?} {why}", out[0]));
+        return None;
+    }
     Some(out)
+}
+
+/// The longest argv (all words together) or environment value. Escaping
+/// at most doubles it, which keeps every generated line far below the
+/// 1 MiB at which systemd stops reading a unit file.
+pub const MAX_VALUE_LEN: usize = 128 * 1024;
+
+/// What systemd accepts as the program of ExecStart=: an absolute,
+/// normalized path to a file (not a directory), or a bare name that systemd
+/// looks up in its fixed search path.
+fn check_program(program: &str) -> Result<(), &'static str> {
+    let Some(rest) = program.strip_prefix('/') else {
+        let bare = program.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && program.len() <= 255
+            && program
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '+'));
+        return if bare {
+            Ok(())
+        } else {
+            Err("must be an absolute path or a plain command name")
+        };
+    };
+    if program.contains(['"', '\'', '\\']) {
+        // systemd refuses these in the program path ("special characters").
+        return Err("must not contain quotes or backslashes (systemd refuses such a program path)");
+    }
+    if program.len() >= 4096 {
+        return Err("is longer than a path may be (4095 bytes)");
+    }
+    if rest.is_empty() || rest.ends_with('/') {
+        return Err("names a directory; it must name the program file");
+    }
+    if rest.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err("must be a normalized path (no //, . or .. components)");
+    }
+    if rest.split('/').any(|c| c.len() > 255) {
+        return Err("has a path component longer than 255 bytes");
+    }
+    Ok(())
 }
 
 fn is_env_name(s: &str) -> bool {
@@ -287,7 +332,12 @@ fn is_env_name(s: &str) -> bool {
 
 /// User and group names as Debian's adduser accepts them, or a numeric id.
 fn account_name_ok(r: &mut Reader, key: &str, name: &str) -> bool {
-    let numeric = !name.is_empty() && name.len() <= 10 && name.chars().all(|c| c.is_ascii_digit());
+    // systemd drops User= with an id it cannot use (65535 and 4294967295
+    // are reserved, leading zeros are refused): the workload would run as
+    // root. Only canonical ids in range pass.
+    let numeric = name
+        .parse::<u32>()
+        .is_ok_and(|id| id.to_string() == name && id != 65_535 && id != u32::MAX);
     let body = name.strip_suffix('$').unwrap_or(name);
     let named = (1..=32).contains(&body.len())
         && body.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -301,6 +351,30 @@ fn account_name_ok(r: &mut Reader, key: &str, name: &str) -> bool {
         false
     }
 }
+
+/// Units that power off, reboot or change the system's mode when started,
+/// or only exist for shutdown: never something a workload needs.
+const SHUTDOWN_AND_MODE_UNITS: &[&str] = &[
+    "shutdown.target",
+    "final.target",
+    "umount.target",
+    "poweroff.target",
+    "reboot.target",
+    "halt.target",
+    "kexec.target",
+    "soft-reboot.target",
+    "exit.target",
+    "ctrl-alt-del.target",
+    "rescue.target",
+    "emergency.target",
+    "rescue.service",
+    "emergency.service",
+    "systemd-poweroff.service",
+    "systemd-reboot.service",
+    "systemd-halt.service",
+    "systemd-kexec.service",
+    "systemd-exit.service",
+];
 
 /// Unit types a workload may name in `after`/`wants`, and the drain in
 /// `drain_after`.
@@ -352,6 +426,15 @@ pub(super) fn check_unit_list(
                 file,
                 at,
                 format!("{unit:?} is not a valid unit name (e.g. \"network-online.target\")"),
+            ));
+        }
+        if SHUTDOWN_AND_MODE_UNITS.contains(&unit.as_str()) {
+            return Err(ConfigError::key(
+                file,
+                at,
+                format!(
+                    "{unit} is a shutdown or rescue unit; wanting or ordering against it would halt, reboot or isolate the host"
+                ),
             ));
         }
         if PACKAGED_UNITS.contains(&unit.as_str()) {
@@ -499,6 +582,23 @@ mod tests {
                 .contains("exec[1]: must be a string, not integer")
         );
         assert!(load_text(r#"exec = ["sleep", "1"]"#).is_ok());
+        for bad in [
+            "/bin/sleep/",
+            "/",
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/a\"b",
+            "/a'b",
+            "/a\\b",
+        ] {
+            let e = load_text(&format!("exec = [{bad:?}]")).unwrap_err();
+            assert!(e[0].contains("exec[0]"), "{bad}: {e:?}");
+        }
+        let long = format!("exec = [\"/x\", \"{}\"]", "a".repeat(MAX_VALUE_LEN));
+        assert!(load_text(&long).unwrap_err()[0].contains("at most 131072"));
+        let long_name = format!("exec = [\"/{}\"]", "a".repeat(256));
+        assert!(load_text(&long_name).unwrap_err()[0].contains("longer than 255"));
     }
 
     #[test]
@@ -506,6 +606,11 @@ mod tests {
         let e = load_text("exec = [\"/x\"]\nafter = [\"berth-drain.service\"]").unwrap_err();
         assert!(
             e[0].contains("after[0]: berth-drain.service is one of berth's own units"),
+            "{e:?}"
+        );
+        let e = load_text("exec = [\"/x\"]\nwants = [\"poweroff.target\"]").unwrap_err();
+        assert!(
+            e[0].contains("wants[0]: poweroff.target is a shutdown or rescue unit"),
             "{e:?}"
         );
         let e = load_text("exec = [\"/x\"]\nwants = [\"berth@web.service\"]").unwrap_err();
@@ -530,6 +635,22 @@ mod tests {
         let e = load_text("exec = [\"/x\"]\nuser = \"bad name\"\n[environment]\n\"1X\" = \"v\"\nY = 2")
             .unwrap_err();
         assert_eq!(e.len(), 3, "{e:?}");
+        for bad in ["65535", "4294967295", "0001", "4294967296", "-1"] {
+            let e = load_text(&format!("exec = [\"/x\"]\nuser = {bad:?}")).unwrap_err();
+            assert!(
+                e[0].contains("not a valid user name or numeric id"),
+                "{bad}: {e:?}"
+            );
+        }
+        assert!(load_text("exec = [\"/x\"]\nuser = \"0\"\ngroup = \"4294967294\"").is_ok());
+    }
+
+    #[test]
+    fn description_trailing_backslash_is_found_after_trimming() {
+        let e = load_text("exec = [\"/x\"]\ndescription = 'ends with \\  '").unwrap_err();
+        assert!(e[0].contains("backslash"), "{e:?}");
+        let w = load_text("exec = [\"/x\"]\ndescription = '  padded  '").unwrap();
+        assert_eq!(w.description.as_deref(), Some("padded"));
     }
 
     #[test]
