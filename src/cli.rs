@@ -59,6 +59,10 @@ pub fn main() -> i32 {
 }
 
 fn check(root: &Root) -> i32 {
+    if !root.dir().is_dir() {
+        eprintln!("berth check: {}: no such directory", root.dir().display());
+        return 1;
+    }
     let loaded = config::load(root);
     print!("{}", check_report(&loaded));
     print!("{}", freeze_report(root, &loaded));
@@ -99,8 +103,8 @@ pub fn check_report(loaded: &Loaded) -> String {
         for e in &loaded.errors {
             out.push_str(&format!("error: {e}\n"));
         }
-        if loaded.host_fell_back {
-            out.push_str("note: with these host errors the generator uses built-in defaults for the drain and the daemon\n");
+        if loaded.host_has_errors {
+            out.push_str(&format!("note: {}\n", crate::generator::HOST_ERRORS_NOTE));
         }
         out.push_str(&format!(
             "{} problem(s); the generator skips the files named above and writes the rest\n",

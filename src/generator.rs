@@ -22,6 +22,11 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 
+/// What host config errors mean, for the generator's log and `berth check`.
+pub const HOST_ERRORS_NOTE: &str = "host config has errors: each host setting named above (all settings of \
+     a host file that could not be read) uses its built-in default, for the drain, the daemon and the \
+     workloads' stop defaults alike; every other host setting applies";
+
 const USAGE: &str =
     "usage: berth-generator NORMAL-DIR [EARLY-DIR LATE-DIR]\n       berth-generator --dry-run";
 
@@ -62,10 +67,8 @@ pub fn run(args: &[String]) -> i32 {
     for e in &loaded.errors {
         log.error(&e.to_string());
     }
-    if loaded.host_fell_back {
-        log.warning(
-            "host config has errors: berth-drain.service and berth-daemon.service use built-in defaults",
-        );
+    if loaded.host_has_errors {
+        log.warning(HOST_ERRORS_NOTE);
     }
     let files = render::render_all(&root, &loaded);
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::{HostSettings, Manager, Workload};
+use crate::config::{HostSettings, Manager, StopAction, Workload};
 
 /// systemd's `JobTimeoutSec=` on `poweroff.target` and `reboot.target`:
 /// the whole shutdown transaction must finish within it.
@@ -19,6 +19,10 @@ pub const DRAIN_EXIT_MARGIN_S: u64 = 30;
 /// stop budget for it: the drain, not the unit's timer, decides when to
 /// force, and a forced stop needs a moment to complete.
 pub const WORKLOAD_STOP_MARGIN_S: u64 = 30;
+
+/// Time the rest of the shutdown needs after the drain (units ordered after
+/// it, unmounting), kept free under the manager's shutdown limit.
+pub const SHUTDOWN_HEADROOM_S: u64 = 120;
 
 /// Units the drain is always ordered after: they stay up until it is done.
 pub const DRAIN_BASE_AFTER: &[&str] = &["network.target", "remote-fs.target", "local-fs.target"];
@@ -37,12 +41,13 @@ pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), Str
         ),
     };
     let unit_timeout = deadline_s.saturating_add(DRAIN_EXIT_MARGIN_S);
-    if unit_timeout > limit {
+    let needed = unit_timeout.saturating_add(SHUTDOWN_HEADROOM_S);
+    if needed > limit {
         return Err(format!(
             "{deadline_s} s does not fit: the drain unit's TimeoutStopSec would be {unit_timeout} s \
-             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), over the {limit} s of {what}; \
-             use at most {} s",
-            limit - DRAIN_EXIT_MARGIN_S
+             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {SHUTDOWN_HEADROOM_S} s for the rest \
+             of the shutdown that is {needed} s, over the {limit} s of {what}; use at most {} s",
+            limit - DRAIN_EXIT_MARGIN_S - SHUTDOWN_HEADROOM_S
         ));
     }
     Ok(())
@@ -102,6 +107,15 @@ pub fn drain_after(host: &HostSettings, workloads: &[Workload]) -> Vec<String> {
     units.into_iter().map(str::to_string).collect()
 }
 
+/// How long the drain may wait for one workload: its stop delay, or
+/// nothing for `power_off`, which is killed at once.
+pub fn budget_s(w: &Workload) -> u64 {
+    match w.stop_action {
+        StopAction::PowerOff => 0,
+        StopAction::GuestShutdown => w.stop_delay_s,
+    }
+}
+
 /// The worst case of a drain with these settings, ignoring the deadline:
 /// per group, ceil(n / parallelism) rounds of the group's longest delay.
 /// Shown by `berth check` so an admin sees when the deadline will cut in.
@@ -110,7 +124,7 @@ pub fn worst_case_drain_s(host: &HostSettings, workloads: &[Workload]) -> u64 {
         .iter()
         .map(|g| {
             let rounds = g.len().div_ceil(host.drain_parallelism as usize) as u64;
-            let longest = g.iter().map(|w| w.stop_delay_s).max().unwrap_or(0);
+            let longest = g.iter().map(|w| budget_s(w)).max().unwrap_or(0);
             rounds * longest
         })
         .sum()
@@ -119,7 +133,7 @@ pub fn worst_case_drain_s(host: &HostSettings, workloads: &[Workload]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{StopAction, WorkloadKind};
+    use crate::config::WorkloadKind;
 
     fn w(name: &str, order: i64, delay: u64) -> Workload {
         Workload {
@@ -161,12 +175,13 @@ mod tests {
 
     #[test]
     fn deadline_limit_names_the_numbers() {
-        assert!(check_drain_deadline(1770, Manager::System).is_ok());
-        let e = check_drain_deadline(1771, Manager::System).unwrap_err();
+        assert!(check_drain_deadline(1650, Manager::System).is_ok());
+        let e = check_drain_deadline(1651, Manager::System).unwrap_err();
         assert!(
-            e.contains("1801 s") && e.contains("1800 s") && e.contains("at most 1770 s"),
+            e.contains("1681 s") && e.contains("1801 s") && e.contains("1800 s"),
             "{e}"
         );
+        assert!(e.contains("at most 1650 s"), "{e}");
         assert!(check_drain_deadline(u64::MAX, Manager::System).is_err());
     }
 
@@ -207,7 +222,9 @@ mod tests {
             ..Default::default()
         };
         // group 10: 3 workloads, 2 at a time → 2 rounds of 30; group 0: 1 round of 5.
-        let ws = vec![w("a", 10, 30), w("b", 10, 10), w("c", 10, 30), w("d", 0, 5)];
+        let mut ws = vec![w("a", 10, 30), w("b", 10, 10), w("c", 10, 30), w("d", 0, 5)];
         assert_eq!(worst_case_drain_s(&host, &ws), 65);
+        ws[3].stop_action = StopAction::PowerOff;
+        assert_eq!(worst_case_drain_s(&host, &ws), 60, "power_off waits for nothing");
     }
 }

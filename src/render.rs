@@ -210,15 +210,19 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
 }
 
 fn sources(root: &Root, loaded: &Loaded) -> String {
-    if loaded.host_files.is_empty() || loaded.host_fell_back {
-        "built-in defaults".to_string()
+    if loaded.host_files.is_empty() {
+        return "built-in defaults".to_string();
+    }
+    let files = loaded
+        .host_files
+        .iter()
+        .map(|p| product_path(root, p))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if loaded.host_has_errors {
+        format!("{files} (with errors: built-in defaults for the settings in error)")
     } else {
-        loaded
-            .host_files
-            .iter()
-            .map(|p| product_path(root, p))
-            .collect::<Vec<_>>()
-            .join(", ")
+        files
     }
 }
 

@@ -128,6 +128,11 @@ fn berth_check_contract() {
         "{text}"
     );
 
+    // A root that does not exist is an error, not an empty config.
+    let o = run(berth_bin(), &["check", "--root", "/nonexistent/berth-root"], None);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
+
     // BERTH_ROOT works as well as --root.
     assert_eq!(code(&run(berth_bin(), &["check"], Some(&good))), 0);
 

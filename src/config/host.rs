@@ -84,9 +84,13 @@ pub(super) const MAX_DELAY_S: i64 = 86_400;
 const MAX_SOCKET_PATH: usize = 107;
 
 /// Merges and validates the host files (main file first, then fragments).
-/// Any error rejects the whole host config: the caller falls back to
-/// defaults rather than mixing half of an admin's intent with defaults.
-pub(super) fn load(files: &[PathBuf], manager: Manager) -> Result<HostSettings, Vec<ConfigError>> {
+///
+/// Errors never discard what is valid: a setting in error, and every
+/// setting of a file that cannot be parsed, takes its built-in default
+/// (unless another host file sets it); every valid setting applies. An
+/// admin's `force_off_on_timeout = false` must not be lost to a typo in
+/// `drain_parallelism`: the workloads inherit these defaults.
+pub(super) fn load(files: &[PathBuf], manager: Manager) -> (HostSettings, Vec<ConfigError>) {
     let mut errors = Vec::new();
     let mut merged = Table::new();
     let mut origin = Origin::single(
@@ -104,15 +108,8 @@ pub(super) fn load(files: &[PathBuf], manager: Manager) -> Result<HostSettings, 
             Err(e) => errors.push(e),
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
     let settings = validate(&merged, &origin, manager, &mut errors);
-    if errors.is_empty() {
-        Ok(settings)
-    } else {
-        Err(errors)
-    }
+    (settings, errors)
 }
 
 fn validate(table: &Table, origin: &Origin, manager: Manager, errors: &mut Vec<ConfigError>) -> HostSettings {
@@ -127,9 +124,10 @@ fn validate(table: &Table, origin: &Origin, manager: Manager, errors: &mut Vec<C
         MAX_DELAY_S,
     ) as u64;
 
-    let drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
+    let mut drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
     if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
         r.error("drain_deadline_s", reason);
+        drain_deadline_s = d.drain_deadline_s;
     }
 
     let mut drain_after = Vec::new();
@@ -265,8 +263,28 @@ mod tests {
         assert_eq!(m.len(), 1);
         assert!(m[0].contains("drain_deadline_s"), "{m:?}");
         assert!(
-            m[0].contains("1820") && m[0].contains("1800") && m[0].contains("1770"),
+            m[0].contains("1820") && m[0].contains("1800") && m[0].contains("1650"),
             "{m:?}"
+        );
+    }
+
+    #[test]
+    fn a_setting_in_error_takes_its_default_and_the_rest_apply() {
+        let table: Table = "force_off_on_timeout = false\ndefault_stop_delay_s = 600\ndrain_parallelism = 0"
+            .parse()
+            .unwrap();
+        let mut errors = Vec::new();
+        let origin = Origin::single(Path::new("/etc/berth/berth.toml"));
+        let s = validate(&table, &origin, Manager::System, &mut errors);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(s.drain_parallelism, 4);
+        assert!(!s.force_off_on_timeout);
+        assert_eq!(s.default_stop_delay_s, 600);
+        let table: Table = "drain_deadline_s = 100000".parse().unwrap();
+        let s = validate(&table, &origin, Manager::System, &mut errors);
+        assert_eq!(
+            s.drain_deadline_s, 180,
+            "a deadline that does not fit takes the default"
         );
     }
 
@@ -303,12 +321,15 @@ mod tests {
         let frag = dir.join("10-x.toml");
         std::fs::write(&main, "drain_parallelism = 2\n[daemon]\nwatchdog_s = 10\n").unwrap();
         std::fs::write(&frag, "[daemon]\napi = \"no\"\n").unwrap();
-        let errs = load(&[main.clone(), frag.clone()], Manager::System).unwrap_err();
+        let (s, errs) = load(&[main.clone(), frag.clone()], Manager::System);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].file, frag);
         assert_eq!(errs[0].key.as_deref(), Some("daemon.api"));
+        assert_eq!(s.daemon.watchdog_s, 10, "valid settings apply despite the error");
+        assert!(s.daemon.api, "the setting in error takes its default");
         std::fs::write(&frag, "[daemon]\napi = false\n").unwrap();
-        let s = load(&[main, frag], Manager::System).unwrap();
+        let (s, errs) = load(&[main, frag], Manager::System);
+        assert!(errs.is_empty());
         assert_eq!(s.drain_parallelism, 2);
         assert_eq!(s.daemon.watchdog_s, 10, "fragment merges key by key");
         assert!(!s.daemon.api);

@@ -53,10 +53,20 @@ impl ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.key {
+            // Keys come from the file: anything beyond a plain key path is
+            // shown quoted, so a key cannot forge a line of output.
+            Some(key) if !is_plain_key(key) => {
+                write!(f, "{}: {:?}: {}", self.file.display(), key, self.reason)
+            }
             Some(key) => write!(f, "{}: {}: {}", self.file.display(), key, self.reason),
             None => write!(f, "{}: {}", self.file.display(), self.reason),
         }
     }
+}
+
+fn is_plain_key(key: &str) -> bool {
+    key.chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '[' | ']'))
 }
 
 impl std::error::Error for ConfigError {}
@@ -74,9 +84,9 @@ pub struct Loaded {
     /// The host files that were read, main file first, then fragments in
     /// merge order. Empty when there is no host config at all.
     pub host_files: Vec<PathBuf>,
-    /// True when the host config had errors and `host` holds the built-in
-    /// defaults instead.
-    pub host_fell_back: bool,
+    /// True when the host config had errors: each setting in error (and
+    /// each setting of an unreadable host file) holds its built-in default.
+    pub host_has_errors: bool,
     /// Valid workloads, sorted by name.
     pub workloads: Vec<Workload>,
     /// Names whose workload file was masked (a symlink to /dev/null).
@@ -103,18 +113,10 @@ pub fn load(root: &Root) -> Loaded {
 fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
     let mut errors = found.errors;
 
-    let host = if found.host_errors.is_empty() {
-        host::load(&found.host_files, manager)
-    } else {
-        Err(found.host_errors)
-    };
-    let (host, host_fell_back) = match host {
-        Ok(host) => (host, false),
-        Err(mut host_errors) => {
-            errors.append(&mut host_errors);
-            (HostSettings::default(), true)
-        }
-    };
+    let (host, mut host_errors) = host::load(&found.host_files, manager);
+    let host_has_errors = !(found.host_errors.is_empty() && host_errors.is_empty());
+    errors.extend(found.host_errors);
+    errors.append(&mut host_errors);
 
     let mut workloads = Vec::with_capacity(found.workloads.len());
     for (name, path) in &found.workloads {
@@ -127,7 +129,7 @@ fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
     Loaded {
         host,
         host_files: found.host_files,
-        host_fell_back,
+        host_has_errors,
         workloads,
         masked: found.masked,
         errors,

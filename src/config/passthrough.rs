@@ -698,6 +698,100 @@ const TERMINATING_SIGNALS: &[&str] = &[
     "PROF", "IO", "PWR", "SYS",
 ];
 
+/// Accepted boundary values, with the line each renders to. Shared with
+/// tests/verify.rs, which proves systemd parses every one without a word.
+pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
+    ("MemoryMax", "\"512M\"", "MemoryMax=512M"),
+    ("MemoryMax", "1073741824", "MemoryMax=1073741824"),
+    ("MemoryMax", "\"15E\"", "MemoryMax=15E"),
+    ("MemoryMax", "\"infinity\"", "MemoryMax=infinity"),
+    ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
+    ("MemoryLow", "\"100%\"", "MemoryLow=100%"),
+    ("MemoryMin", "\"0\"", "MemoryMin=0"),
+    ("MemorySwapMax", "0", "MemorySwapMax=0"),
+    ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
+    ("CPUQuota", "\"1%\"", "CPUQuota=1%"),
+    ("CPUWeight", "1", "CPUWeight=1"),
+    ("CPUWeight", "10000", "CPUWeight=10000"),
+    ("IOWeight", "200", "IOWeight=200"),
+    ("TasksMax", "\"infinity\"", "TasksMax=infinity"),
+    ("TasksMax", "1", "TasksMax=1"),
+    ("TasksMax", "\"100%\"", "TasksMax=100%"),
+    ("LimitNOFILE", "65536", "LimitNOFILE=65536"),
+    ("LimitNPROC", "\"infinity\"", "LimitNPROC=infinity"),
+    ("LimitCORE", "\"0\"", "LimitCORE=0"),
+    ("LimitMEMLOCK", "\"64M\"", "LimitMEMLOCK=64M"),
+    ("Nice", "-20", "Nice=-20"),
+    ("OOMScoreAdjust", "1000", "OOMScoreAdjust=1000"),
+    ("NoNewPrivileges", "true", "NoNewPrivileges=yes"),
+    ("PrivateDevices", "false", "PrivateDevices=no"),
+    ("ProtectSystem", "\"strict\"", "ProtectSystem=strict"),
+    ("ProtectHome", "false", "ProtectHome=no"),
+    (
+        "SystemCallFilter",
+        "[\"@system-service\", \"@mount\"]",
+        "SystemCallFilter=@system-service @mount",
+    ),
+    (
+        "SystemCallFilter",
+        "[\"~@mount\", \"@reboot\"]",
+        "SystemCallFilter=~@mount @reboot",
+    ),
+    (
+        "SystemCallArchitectures",
+        "\"native\"",
+        "SystemCallArchitectures=native",
+    ),
+    (
+        "CapabilityBoundingSet",
+        "[\"~CAP_SYS_ADMIN\", \"CAP_NET_ADMIN\"]",
+        "CapabilityBoundingSet=~CAP_SYS_ADMIN CAP_NET_ADMIN",
+    ),
+    (
+        "AmbientCapabilities",
+        "\"CAP_NET_BIND_SERVICE\"",
+        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
+    ),
+    (
+        "RestrictAddressFamilies",
+        "[\"AF_UNIX\", \"AF_INET\", \"AF_INET6\"]",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+    ),
+    ("RestrictNamespaces", "true", "RestrictNamespaces=yes"),
+    (
+        "RestrictNamespaces",
+        "[\"~user\", \"net\"]",
+        "RestrictNamespaces=~user net",
+    ),
+    (
+        "ReadWritePaths",
+        "[\"/var/lib/vm\", \"-/srv/x\", \"+/run/y\", \"-+/z\"]",
+        "ReadWritePaths=/var/lib/vm -/srv/x +/run/y -+/z",
+    ),
+    ("ReadOnlyPaths", "\"/\"", "ReadOnlyPaths=/"),
+    ("KillSignal", "\"SIGINT\"", "KillSignal=SIGINT"),
+    ("KillSignal", "\"TERM\"", "KillSignal=TERM"),
+    ("TimeoutStartSec", "\"5min 20s\"", "TimeoutStartSec=5min 20s"),
+    ("TimeoutStartSec", "\"infinity\"", "TimeoutStartSec=infinity"),
+    ("AllowedCPUs", "\"0-3,6\"", "AllowedCPUs=0-3,6"),
+    ("CPUAffinity", "\"8191\"", "CPUAffinity=8191"),
+    ("UMask", "\"0027\"", "UMask=0027"),
+    ("SyslogIdentifier", "\"vm-1.main\"", "SyslogIdentifier=vm-1.main"),
+    (
+        "StandardOutput",
+        "\"journal+console\"",
+        "StandardOutput=journal+console",
+    ),
+    ("LogLevelMax", "\"info\"", "LogLevelMax=info"),
+    (
+        "IOSchedulingClass",
+        "\"best-effort\"",
+        "IOSchedulingClass=best-effort",
+    ),
+    ("CPUSchedulingPolicy", "\"batch\"", "CPUSchedulingPolicy=batch"),
+    ("DevicePolicy", "\"closed\"", "DevicePolicy=closed"),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -807,97 +901,3 @@ mod tests {
         }
     }
 }
-
-/// Accepted boundary values, with the line each renders to. Shared with
-/// tests/verify.rs, which proves systemd parses every one without a word.
-pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
-    ("MemoryMax", "\"512M\"", "MemoryMax=512M"),
-    ("MemoryMax", "1073741824", "MemoryMax=1073741824"),
-    ("MemoryMax", "\"15E\"", "MemoryMax=15E"),
-    ("MemoryMax", "\"infinity\"", "MemoryMax=infinity"),
-    ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
-    ("MemoryLow", "\"100%\"", "MemoryLow=100%"),
-    ("MemoryMin", "\"0\"", "MemoryMin=0"),
-    ("MemorySwapMax", "0", "MemorySwapMax=0"),
-    ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
-    ("CPUQuota", "\"1%\"", "CPUQuota=1%"),
-    ("CPUWeight", "1", "CPUWeight=1"),
-    ("CPUWeight", "10000", "CPUWeight=10000"),
-    ("IOWeight", "200", "IOWeight=200"),
-    ("TasksMax", "\"infinity\"", "TasksMax=infinity"),
-    ("TasksMax", "1", "TasksMax=1"),
-    ("TasksMax", "\"100%\"", "TasksMax=100%"),
-    ("LimitNOFILE", "65536", "LimitNOFILE=65536"),
-    ("LimitNPROC", "\"infinity\"", "LimitNPROC=infinity"),
-    ("LimitCORE", "\"0\"", "LimitCORE=0"),
-    ("LimitMEMLOCK", "\"64M\"", "LimitMEMLOCK=64M"),
-    ("Nice", "-20", "Nice=-20"),
-    ("OOMScoreAdjust", "1000", "OOMScoreAdjust=1000"),
-    ("NoNewPrivileges", "true", "NoNewPrivileges=yes"),
-    ("PrivateDevices", "false", "PrivateDevices=no"),
-    ("ProtectSystem", "\"strict\"", "ProtectSystem=strict"),
-    ("ProtectHome", "false", "ProtectHome=no"),
-    (
-        "SystemCallFilter",
-        "[\"@system-service\", \"@mount\"]",
-        "SystemCallFilter=@system-service @mount",
-    ),
-    (
-        "SystemCallFilter",
-        "[\"~@mount\", \"@reboot\"]",
-        "SystemCallFilter=~@mount @reboot",
-    ),
-    (
-        "SystemCallArchitectures",
-        "\"native\"",
-        "SystemCallArchitectures=native",
-    ),
-    (
-        "CapabilityBoundingSet",
-        "[\"~CAP_SYS_ADMIN\", \"CAP_NET_ADMIN\"]",
-        "CapabilityBoundingSet=~CAP_SYS_ADMIN CAP_NET_ADMIN",
-    ),
-    (
-        "AmbientCapabilities",
-        "\"CAP_NET_BIND_SERVICE\"",
-        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
-    ),
-    (
-        "RestrictAddressFamilies",
-        "[\"AF_UNIX\", \"AF_INET\", \"AF_INET6\"]",
-        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
-    ),
-    ("RestrictNamespaces", "true", "RestrictNamespaces=yes"),
-    (
-        "RestrictNamespaces",
-        "[\"~user\", \"net\"]",
-        "RestrictNamespaces=~user net",
-    ),
-    (
-        "ReadWritePaths",
-        "[\"/var/lib/vm\", \"-/srv/x\", \"+/run/y\", \"-+/z\"]",
-        "ReadWritePaths=/var/lib/vm -/srv/x +/run/y -+/z",
-    ),
-    ("ReadOnlyPaths", "\"/\"", "ReadOnlyPaths=/"),
-    ("KillSignal", "\"SIGINT\"", "KillSignal=SIGINT"),
-    ("KillSignal", "\"TERM\"", "KillSignal=TERM"),
-    ("TimeoutStartSec", "\"5min 20s\"", "TimeoutStartSec=5min 20s"),
-    ("TimeoutStartSec", "\"infinity\"", "TimeoutStartSec=infinity"),
-    ("AllowedCPUs", "\"0-3,6\"", "AllowedCPUs=0-3,6"),
-    ("CPUAffinity", "\"8191\"", "CPUAffinity=8191"),
-    ("UMask", "\"0027\"", "UMask=0027"),
-    ("SyslogIdentifier", "\"vm-1.main\"", "SyslogIdentifier=vm-1.main"),
-    (
-        "StandardOutput",
-        "\"journal+console\"",
-        "StandardOutput=journal+console",
-    ),
-    ("LogLevelMax", "\"info\"", "LogLevelMax=info"),
-    (
-        "IOSchedulingClass",
-        "\"best-effort\"",
-        "IOSchedulingClass=best-effort",
-    ),
-    ("CPUSchedulingPolicy", "\"batch\"", "CPUSchedulingPolicy=batch"),
-    ("DevicePolicy", "\"closed\"", "DevicePolicy=closed"),
-];

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::ConfigError;
@@ -22,8 +23,8 @@ pub struct Discovered {
     /// Workload name → its winning file, sorted by name.
     pub workloads: Vec<(String, PathBuf)>,
     pub masked: Vec<String>,
-    /// Problems finding the host files: any of them rejects the host config
-    /// as a whole, like an invalid key would.
+    /// Problems finding the host files; the settings those files would
+    /// make take their built-in defaults.
     pub host_errors: Vec<ConfigError>,
     pub errors: Vec<ConfigError>,
 }
@@ -79,6 +80,9 @@ pub fn discover(root: &Root) -> Discovered {
     found
 }
 
+/// Device number of /dev/null (major 1, minor 3).
+const DEV_NULL: u64 = (1 << 8) | 3;
+
 enum Entry {
     Missing,
     Masked,
@@ -91,7 +95,10 @@ fn entry_state(path: &Path) -> Entry {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Entry::Missing,
         Err(e) => Entry::Unreadable(format!("cannot read: {e}")),
         Ok(meta) => {
-            if meta.file_type().is_symlink() && fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
+            // A mask is a symlink to /dev/null, however it is spelled
+            // (systemd checks the device, not the link text).
+            if meta.file_type().is_symlink()
+                && fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == DEV_NULL)
             {
                 return Entry::Masked;
             }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue scenario 5: a broken host file, then a running workload whose file
 # is deleted (daemon-reload in between). The drain keeps its ExecStop and
-# ordering; the workload stays loaded and running in berth.slice.
+# ordering; settings in error take their defaults while valid ones apply;
+# the workload stays loaded and running in berth.slice.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 03-broken
 
@@ -12,7 +13,9 @@ check_contains "PID 1 reports the generator's failure" "berth-generator failed w
 gen_out=$(ct /lib/systemd/system-generators/berth-generator --dry-run 2>&1 >/dev/null || true)
 check_contains "the generator names file, key and reason" \
     "/etc/berth/berth.toml: drain_parallelism: must be from 1 to 4096, not 0" "$gen_out"
-check_contains "the generator falls back to defaults" "use built-in defaults" "$gen_out"
+check_contains "the generator says which settings take defaults" "uses its built-in default" "$gen_out"
+check_eq "a valid host setting in the broken file still applies (stop delay 20 + 30 s)" "50s" \
+    "$(ct_prop berth@a.service TimeoutStopUSec)"
 
 drain_checks() {
     local when=$1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue scenario 6: `systemctl stop berth-drain`, `systemctl restart
-# berth.target`, `isolate rescue.target` and `isolate emergency.target`
-# stop no workload and never run the drain's ExecStop.
+# Issue scenario 6: `systemctl stop|restart berth-drain`, `systemctl
+# stop|restart berth.slice`, `systemctl restart berth.target`, `isolate
+# rescue.target` and `isolate emergency.target` stop no workload and never
+# run the drain's ExecStop.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 04-no-accidental-drain
 
@@ -45,6 +46,12 @@ after_each "restart berth-drain"
 
 autostart_runs() { ct journalctl -b --no-pager | grep -c 'berth autostart: ran' || true; }
 check_eq "autostart ran once at boot" 1 "$(autostart_runs)"
+
+for verb in stop restart; do
+    out=$(ct systemctl "$verb" berth.slice 2>&1) && rc=0 || rc=$?
+    check_eq "systemctl $verb berth.slice is refused (exit 4)" 4 "$rc"
+    after_each "$verb berth.slice"
+done
 
 check "systemctl restart berth.target" ct systemctl restart berth.target
 after_each "restart berth.target"
