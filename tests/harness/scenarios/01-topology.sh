@@ -101,14 +101,19 @@ print(f"{argc} arguments and {len(conf['environment'])} variables match")
 PY
 
 # --- 3. power-off: the drain starts while every workload runs --------------
-# Harness-only: a second ExecStop after berth's own records what runs then.
+# Harness-only drop-in: record what runs just before berth's own ExecStop.
+# (ExecStop= lines run in order; the reset and re-add keep `berth drain`
+# itself unchanged, now second.)
 ct mkdir -p /run/systemd/system/berth-drain.service.d
 ct sh -c 'cat >/run/systemd/system/berth-drain.service.d/99-harness.conf' <<'UNIT'
 [Service]
+ExecStop=
 ExecStop=/bin/sh -c 'date +%%s.%%N >/out/drain-exec-stop; systemctl list-units "berth@*" --state=running --plain --no-legend >/out/running-at-drain'
+ExecStop=/usr/bin/berth drain
 UNIT
 ct systemctl daemon-reload
-check_contains "berth's own ExecStop still comes first" "argv[]=/usr/bin/berth drain" "$(ct_prop berth-drain.service ExecStop)"
+check_contains "berth drain still runs, right after the recorder" \
+    "argv[]=/usr/bin/berth drain" "$(ct_prop berth-drain.service ExecStop)"
 ct_poweroff 120
 
 check "power-off completed" test -z "$CT_PID"
