@@ -10,6 +10,8 @@ use crate::config::{self, Loaded, WorkloadKind};
 use crate::freeze::{self, Freeze, Scope};
 use crate::paths::Root;
 use crate::plan;
+use crate::report::Events;
+use crate::systemd::{self, Systemd};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,7 +35,14 @@ enum Verb {
     /// Start enabled workloads that are not running, in order (run by berth-autostart.service).
     Autostart,
     /// Stop every workload in reverse start order (ExecStop of berth-drain.service).
-    Drain,
+    Drain {
+        /// Show the plan, budgets and worst case; stop nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run: print the plan as JSON.
+        #[arg(long, requires = "dry_run")]
+        json: bool,
+    },
     /// The resident supervisor (run by berth-daemon.service).
     Daemon,
     /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
@@ -51,8 +60,9 @@ pub fn main() -> i32 {
     };
     match cli.verb {
         Verb::Check { root } => check(&root.map(Root::new).unwrap_or_else(Root::from_env)),
-        Verb::Autostart => placeholder("autostart"),
-        Verb::Drain => placeholder("drain"),
+        Verb::Autostart => autostart(),
+        Verb::Drain { dry_run: true, json } => drain_dry_run(json),
+        Verb::Drain { dry_run: false, .. } => drain(),
         Verb::Daemon => daemon(),
         Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
     }
@@ -184,14 +194,82 @@ pub fn check_report(loaded: &Loaded) -> String {
     out
 }
 
-/// Until the D-Bus helpers land, autostart and drain only say that they ran,
-/// so the unit topology around them can be proven on its own.
-fn placeholder(verb: &str) -> i32 {
-    let loaded = config::load(&Root::from_env());
-    eprintln!(
-        "berth {verb}: ran ({} workloads configured); acting on workloads arrives with the D-Bus helpers",
-        loaded.workloads.len()
-    );
+fn autostart() -> i32 {
+    let root = Root::from_env();
+    let loaded = config::load(&root);
+    let events = Events::new("berth");
+    for e in &loaded.errors {
+        events.warn(&format!("config: {e}"));
+    }
+    let Ok(rt) = systemd::runtime() else {
+        eprintln!("berth autostart: cannot start the async runtime");
+        return 1;
+    };
+    rt.block_on(async {
+        let sd = match Systemd::connect().await {
+            Ok(sd) => sd,
+            Err(e) => {
+                eprintln!("berth autostart: cannot reach systemd: {e}");
+                return 1;
+            }
+        };
+        match crate::autostart::run(&sd, &root, &loaded, freeze::node_frozen(&root), &events).await {
+            Ok(_) => 0,
+            Err(e) => {
+                eprintln!("berth autostart: cannot ask systemd about the workloads: {e}");
+                1
+            }
+        }
+    })
+}
+
+/// Best effort: whatever happens, it reports and exits 0, well inside the
+/// drain unit's TimeoutStopSec.
+fn drain() -> i32 {
+    let root = Root::from_env();
+    let loaded = config::load(&root);
+    let events = Events::new("berth");
+    for e in &loaded.errors {
+        events.warn(&format!("config: {e}"));
+    }
+    let Ok(rt) = systemd::runtime() else {
+        eprintln!("berth drain: cannot start the async runtime");
+        return 0;
+    };
+    rt.block_on(async {
+        match Systemd::connect().await {
+            Ok(sd) => {
+                crate::drain::run(&sd, &root, &loaded, &events).await;
+            }
+            Err(e) => events.emit(
+                log::Level::Error,
+                crate::drain::SUMMARY_MESSAGE_ID,
+                &[("BERTH_CODE", "E_SYSTEMD".into())],
+                &format!("drain impossible: cannot reach systemd: {e}"),
+            ),
+        }
+    });
+    0
+}
+
+fn drain_dry_run(json: bool) -> i32 {
+    let root = Root::from_env();
+    let loaded = config::load(&root);
+    let live = systemd::runtime().ok().and_then(|rt| {
+        rt.block_on(async {
+            let sd = Systemd::connect().await.ok()?;
+            sd.list_units("berth@*.service").await.ok()
+        })
+    });
+    let plan = crate::drain::dry_run(&loaded, live.as_deref());
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).expect("plan serializes")
+        );
+    } else {
+        print!("{}", plan.text());
+    }
     0
 }
 

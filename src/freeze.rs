@@ -92,6 +92,75 @@ pub fn read(path: &std::path::Path, scope: Scope, target: Option<&str>) -> io::R
     })))
 }
 
+/// The kernel command line as systemd reads it: `$SYSTEMD_PROC_CMDLINE` if
+/// set, PID 1's own command line in a container (systemd treats that as
+/// the kernel's there), else /proc/cmdline.
+pub fn kernel_command_line() -> String {
+    if let Some(line) = std::env::var_os("SYSTEMD_PROC_CMDLINE") {
+        return line.to_string_lossy().into_owned();
+    }
+    let in_container = std::path::Path::new("/run/systemd/container").exists();
+    let source = if in_container {
+        "/proc/1/cmdline"
+    } else {
+        "/proc/cmdline"
+    };
+    fs::read(source)
+        .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Whether `berth.freeze` is on the command line, alone or as an
+/// assignment: what `ConditionKernelCommandLine=!berth.freeze` tests.
+pub fn cmdline_freeze(line: &str) -> bool {
+    line.split_whitespace()
+        .any(|w| w == "berth.freeze" || w.starts_with("berth.freeze="))
+}
+
+/// Why the node is frozen, if it is: the command-line flag or the node flag.
+pub fn node_frozen(root: &Root) -> Option<String> {
+    if cmdline_freeze(&kernel_command_line()) {
+        return Some("berth.freeze is on the kernel command line".into());
+    }
+    match read(&node_flag(root), Scope::Node, None) {
+        Ok(Some(f)) => Some(format!(
+            "the node is frozen ({}) since {}: {}",
+            node_flag(root).display(),
+            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
+            if f.reason.is_empty() {
+                "no reason given"
+            } else {
+                &f.reason
+            }
+        )),
+        Ok(None) => None,
+        Err(e) => Some(format!(
+            "the node freeze flag cannot be read ({e}); treated as frozen"
+        )),
+    }
+}
+
+/// Why a workload is frozen, if it is.
+pub fn instance_frozen(root: &Root, name: &str) -> Option<String> {
+    let flag = instance_flag(root, name);
+    match read(&flag, Scope::Instance, Some(name)) {
+        Ok(Some(f)) => Some(format!(
+            "frozen since {}: {}",
+            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
+            if f.reason.is_empty() {
+                "no reason given"
+            } else {
+                &f.reason
+            }
+        )),
+        Ok(None) => None,
+        Err(e) => Some(format!(
+            "its freeze flag {} cannot be read ({e}); treated as frozen",
+            flag.display()
+        )),
+    }
+}
+
 /// `SystemTime` as RFC 3339 UTC with whole seconds.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -118,6 +187,14 @@ pub fn rfc3339(t: SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn command_line_freeze_matches_the_unit_condition() {
+        assert!(cmdline_freeze("quiet berth.freeze splash"));
+        assert!(cmdline_freeze("berth.freeze=1"));
+        assert!(!cmdline_freeze("berth.freezer berth.frozen"));
+        assert!(!cmdline_freeze(""));
+    }
 
     #[test]
     fn rfc3339_known_instants() {

@@ -5,11 +5,16 @@
 //! budgets) → `render` (unit text, the one escaper) → `generator` (writes
 //! it). The `berth` binary's verbs live in `cli`.
 
+pub mod autostart;
 pub mod cli;
 pub mod config;
+pub mod drain;
 pub mod freeze;
 pub mod generator;
 pub mod log;
 pub mod paths;
 pub mod plan;
+pub mod records;
 pub mod render;
+pub mod report;
+pub mod systemd;

@@ -78,10 +78,10 @@ fn verify_tree(generated: &Path, units: &Path) -> Result<(), String> {
         for program in text.lines().filter_map(first_word) {
             stub(root, &program);
         }
-        if let Some(unit) = path.strip_suffix(".d/10-berth.conf") {
-            if unit.starts_with("berth@") {
-                names.push(unit.to_string());
-            }
+        if let Some(unit) = path.strip_suffix(".d/10-berth.conf")
+            && unit.starts_with("berth@")
+        {
+            names.push(unit.to_string());
         }
     }
     let out = Command::new("systemd-analyze")

@@ -15,7 +15,7 @@ mod workload;
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, passthrough_rule};
 pub use source::Discovered;
-pub use workload::{StopAction, Workload, WorkloadKind, is_valid_workload_name};
+pub use workload::{StopAction, Workload, WorkloadKind, is_valid_workload_name, unit_name};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

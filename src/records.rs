@@ -1,0 +1,161 @@
+//! Per-workload records in `/var/lib/berth/records/NAME.json`: what the
+//! helpers (and later the supervisor) did to each workload and when.
+//!
+//! Writes are atomic (temporary file, fsync, rename, fsync of the
+//! directory) and happen under the workload's lock, `/run/berthd/locks/NAME`
+//! (flock), which the CLI, the helpers and the supervisor share.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::freeze::rfc3339;
+use crate::paths::{DAEMON_RUNTIME_DIR, Root, STATE_DIR};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub name: String,
+    /// running, stopped, failed or unknown.
+    pub state: String,
+    /// +1 per committed transition, never reused.
+    pub transition_generation: u64,
+    /// boot, drain, … (what made the last transition).
+    pub last_transition_reason: String,
+    pub last_transition_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    /// The last helper outcome (Started, StartFailed, GracefulOff, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// When a boot last found it running and left it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_at: Option<String>,
+}
+
+pub fn records_dir(root: &Root) -> PathBuf {
+    root.join(STATE_DIR).join("records")
+}
+
+pub fn record_path(root: &Root, name: &str) -> PathBuf {
+    records_dir(root).join(format!("{name}.json"))
+}
+
+/// The workload's lock, held while its record is read and rewritten.
+pub fn lock(root: &Root, name: &str) -> io::Result<File> {
+    let dir = root.join(DAEMON_RUNTIME_DIR).join("locks");
+    fs::create_dir_all(&dir)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(name))?;
+    file.lock()?;
+    Ok(file)
+}
+
+pub fn load(root: &Root, name: &str) -> io::Result<Option<Record>> {
+    match fs::read(record_path(root, name)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies `change` to the workload's record under its lock and writes it
+/// back atomically. `change` returns whether this is a transition (the
+/// generation and transition time then advance). A record that cannot be
+/// parsed is moved aside as `NAME.json.corrupt` and started afresh.
+pub fn update(root: &Root, name: &str, change: impl FnOnce(&mut Record) -> bool) -> io::Result<Record> {
+    let _lock = lock(root, name)?;
+    let mut record = match load(root, name) {
+        Ok(Some(r)) => r,
+        Ok(None) => Record {
+            name: name.into(),
+            state: "unknown".into(),
+            ..Default::default()
+        },
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            let path = record_path(root, name);
+            let _ = fs::rename(&path, path.with_extension("json.corrupt"));
+            Record {
+                name: name.into(),
+                state: "unknown".into(),
+                ..Default::default()
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    if change(&mut record) {
+        record.transition_generation += 1;
+        record.last_transition_at = rfc3339(SystemTime::now());
+    }
+    write_atomic(&record_path(root, name), &serde_json::to_vec_pretty(&record)?)?;
+    Ok(record)
+}
+
+/// Writes `bytes` to `path` so that readers see the old or the new file,
+/// never a torn one, also across a power failure.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().expect("path has a directory");
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("record")
+    ));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions_advance_the_generation_and_observations_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let r = update(&root, "web", |r| {
+            r.state = "running".into();
+            r.last_transition_reason = "boot".into();
+            true
+        })
+        .unwrap();
+        assert_eq!(r.transition_generation, 1);
+        let r = update(&root, "web", |r| {
+            r.adopted_at = Some("now".into());
+            false
+        })
+        .unwrap();
+        assert_eq!(r.transition_generation, 1);
+        assert_eq!(
+            load(&root, "web").unwrap().unwrap().adopted_at.as_deref(),
+            Some("now")
+        );
+    }
+
+    #[test]
+    fn a_corrupt_record_is_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        fs::create_dir_all(records_dir(&root)).unwrap();
+        fs::write(record_path(&root, "db"), "{not json").unwrap();
+        let r = update(&root, "db", |_| true).unwrap();
+        assert_eq!(r.transition_generation, 1);
+        assert!(record_path(&root, "db").with_extension("json.corrupt").exists());
+    }
+}
