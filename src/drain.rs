@@ -130,6 +130,8 @@ pub fn plan_groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
 pub struct StopResult {
     pub workload: String,
     pub outcome: Outcome,
+    /// When its stop began, in ms since the drain began.
+    pub started_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub code: Option<&'static str>,
     pub elapsed_ms: u64,
@@ -183,7 +185,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
         loop {
             while in_flight.len() < parallelism {
                 match queue.next() {
-                    Some(t) => in_flight.push(stop_one(ops, t, deadline)),
+                    Some(t) => in_flight.push(stop_one(ops, t, started, deadline)),
                     None => break,
                 }
             }
@@ -217,7 +219,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
     report
 }
 
-async fn stop_one<O: Ops>(ops: &O, t: Target, deadline: Instant) -> StopResult {
+async fn stop_one<O: Ops>(ops: &O, t: Target, drain_began: Instant, deadline: Instant) -> StopResult {
     let began = Instant::now();
     let (outcome, code, detail) = if !t.running {
         (Outcome::AlreadyOff, None, None)
@@ -230,6 +232,7 @@ async fn stop_one<O: Ops>(ops: &O, t: Target, deadline: Instant) -> StopResult {
     StopResult {
         workload: t.name,
         outcome,
+        started_ms: began.duration_since(drain_began).as_millis() as u64,
         code,
         elapsed_ms: began.elapsed().as_millis() as u64,
         detail,

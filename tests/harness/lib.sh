@@ -91,6 +91,8 @@ CT_NSPAWN=
 #   /etc/berth        ← a copy of CONFIG-DIR, writable from the host as $CT_DIR/etc-berth
 #   /out              ← $CT_DIR/out, for files that must survive power-off
 #   /var/log/journal  ← $CT_DIR/journal, read afterwards with ct_journal
+#   /var/lib/berth    ← $CT_DIR/state (records, freeze flags, last-drain.json);
+#                       a scenario may define ct_seed to fill it before boot
 # and waits until boot is done.
 ct_boot() {
     local name=$1 config=$2
@@ -98,16 +100,19 @@ ct_boot() {
     CT_NAME=berth-$name-$$
     CT_DIR=$HARNESS_DIR/run/$name
     rm -rf "$CT_DIR"
-    mkdir -p "$CT_DIR/out" "$CT_DIR/journal" "$CT_DIR/etc-berth"
+    mkdir -p "$CT_DIR/out" "$CT_DIR/journal" "$CT_DIR/etc-berth" "$CT_DIR/state"
     chmod 1777 "$CT_DIR/out"
     if [ -n "$config" ]; then
         cp -a "$config/." "$CT_DIR/etc-berth/"
     fi
+    # A scenario may seed state (e.g. freeze flags) before boot.
+    if declare -F ct_seed >/dev/null; then ct_seed; fi
     systemd-nspawn --quiet --register=no --keep-unit -D "$ROOTFS" --volatile=overlay -b \
         --machine="$CT_NAME" \
         --bind="$CT_DIR/out:/out" \
         --bind="$CT_DIR/etc-berth:/etc/berth" \
         --bind="$CT_DIR/journal:/var/log/journal" \
+        --bind="$CT_DIR/state:/var/lib/berth" \
         systemd.firstboot=off systemd.unit=multi-user.target "$@" \
         </dev/null >"$CT_DIR/console.log" 2>&1 &
     CT_NSPAWN=$!

@@ -127,7 +127,7 @@ check_eq "no workload stopped before the drain began" "" \
     "$(ct_journal | sed '/Stopping berth-drain.service/q' | grep -E 'Stopp(ing|ed) berth@' || true)"
 drain_at=$(cat "$CT_DIR/out/drain-exec-stop" 2>/dev/null || echo 0)
 for w in a b late; do
-    stopped=$(sed -n "s/^berth-test: $w stopped at //p" "$CT_DIR/console.log" | tr -d '\r' | tail -n1)
+    stopped=$(sed -n "s/^berth-test: $w stop-begin at //p" "$CT_DIR/console.log" | tr -d '\r' | tail -n1)
     check "berth@$w stopped after the drain started ($stopped > $drain_at)" \
         python3 -c "import sys; sys.exit(not (float('${stopped:-0}') > float('$drain_at') > 0))"
 done

@@ -13,6 +13,11 @@ check_eq "autostart has no start timestamp" "" "$(ct_prop berth-autostart.servic
 check_contains "systemctl status names the condition" "ConditionKernelCommandLine=!berth.freeze" \
     "$(ct systemctl status berth-autostart.service --no-pager 2>&1 || true)"
 check_lacks "berth autostart did not run" "adopted " "$(ct journalctl -b --no-pager)"
+# Run by hand, berth autostart reads the flag the way systemd does (PID 1's
+# command line in a container) and says why it starts nothing.
+ct /usr/bin/berth autostart >/dev/null 2>&1 || true
+check_contains "berth autostart by hand names the reason" "starting no workload: berth.freeze is on the kernel command line" \
+    "$(ct journalctl -b -t berth --no-pager)"
 check_eq "the drain is armed all the same" "active" "$(ct_prop berth-drain.service ActiveState)"
 check_eq "no workload started" "" "$(ct systemctl list-units 'berth@*' --state=active --plain --no-legend)"
 # An explicit start still works: a freeze is not a unit condition.

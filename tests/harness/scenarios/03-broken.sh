@@ -57,4 +57,7 @@ check_eq "the other workload is untouched" "active" "$(ct_prop berth@b.service A
 
 ct_poweroff 120
 check "power-off completed" test -z "$CT_PID"
-check_contains "the drain's ExecStop ran at power-off" "drain done in" "$(ct_journal -u berth-drain.service)"
+drain_log=$(ct_journal -u berth-drain.service)
+check_contains "the drain's ExecStop ran at power-off" "drain done in" "$drain_log"
+# Issue 3, test 6: the workload whose file was deleted is drained too.
+check_contains "the deleted workload was drained" "drain: berth@a.service GracefulOff" "$drain_log"
