@@ -102,8 +102,10 @@ demo: deps
 	$(MAKE) all
 	tests/harness/demo
 
+# Prints the figures the issues ask for; not part of `make check`.
 bench: all
 	bench/generator.sh
+	bench/helpers.sh
 
 clean:
 	$(CARGO) clean

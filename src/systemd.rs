@@ -27,6 +27,10 @@ use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
 
 const SYSTEMD: &str = "org.freedesktop.systemd1";
 const PRIVATE_SOCKET: &str = "/run/systemd/private";
+/// Method calls in flight at once; well under dbus-daemon's 128 pending
+/// replies per connection. Stop and start jobs run in parallel regardless:
+/// a call returns as soon as the job is queued.
+const MAX_PENDING_CALLS: usize = 64;
 
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
@@ -138,6 +142,9 @@ impl Jobs {
 #[derive(Clone)]
 pub struct Systemd {
     conn: Connection,
+    /// Bounds the method calls awaiting a reply: dbus-daemon refuses more
+    /// than 128 per connection (LimitsExceeded, seen with a drain of 200).
+    calls: Arc<tokio::sync::Semaphore>,
     jobs: Arc<Mutex<Jobs>>,
     /// "private socket" or "system bus", for messages.
     pub via: &'static str,
@@ -206,7 +213,12 @@ impl Systemd {
         let jobs = Arc::new(Mutex::new(Jobs::default()));
         tokio::spawn(read_job_signals(stream, jobs.clone()));
 
-        let systemd = Systemd { conn, jobs, via };
+        let systemd = Systemd {
+            conn,
+            calls: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CALLS)),
+            jobs,
+            via,
+        };
         systemd
             .call::<_, ()>(MANAGER_PATH, MANAGER, "Subscribe", &())
             .await
@@ -221,6 +233,11 @@ impl Systemd {
         R: DeserializeOwned + zbus::Type,
     {
         let destination = if self.conn.is_bus() { Some(SYSTEMD) } else { None };
+        let _permit = self
+            .calls
+            .acquire()
+            .await
+            .expect("the call semaphore is never closed");
         let reply = self
             .conn
             .call_method(destination, path, Some(interface), method, body)
