@@ -195,3 +195,94 @@ pub fn instance_of(unit: &str) -> Option<String> {
         .filter(|n| !n.is_empty())
         .map(str::to_string)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Behaviour, FakeOps};
+
+    #[tokio::test(start_paused = true)]
+    async fn groups_in_order_delays_hold_back_the_rest_and_skips_are_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        for (name, body) in [
+            ("g0a", "order = 0\nstart_delay_s = 2"),
+            ("g0b", "order = 0"),
+            ("g1a", "order = 10"),
+            ("g1b", "order = 10\nautostart = false\nstart_delay_s = 100"),
+            ("g1c", "order = 10"),
+            ("g2a", "order = 20"),
+            ("up", "order = 20\nstart_delay_s = 100"),
+        ] {
+            std::fs::write(
+                etc.join(format!("{name}.toml")),
+                format!("exec = [\"/bin/x\"]\n{body}"),
+            )
+            .unwrap();
+        }
+        let root = Root::new(dir.path());
+        let flags = dir.path().join("var/lib/berth/freeze/instance");
+        std::fs::create_dir_all(&flags).unwrap();
+        std::fs::write(
+            flags.join("g1c"),
+            r#"{"scope":"instance","frozen_at":"x","reason":"test"}"#,
+        )
+        .unwrap();
+        let loaded = crate::config::load(&root);
+        let second = std::time::Duration::from_secs(1);
+        let ops = ["g0a", "g0b", "g1a", "g1b", "g1c", "g2a"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| {
+                f.unit(n, false, Behaviour::Takes(second))
+            })
+            .unit("up", true, Behaviour::Takes(second));
+        let began = tokio::time::Instant::now();
+        let summary = run(&ops, &root, &loaded, None, &Events::new("test"))
+            .await
+            .unwrap();
+
+        let action = |n: &str| {
+            summary
+                .actions
+                .iter()
+                .find(|(w, _)| w == n)
+                .map(|(_, a)| a.clone())
+                .unwrap()
+        };
+        assert_eq!(action("up"), Action::Adopted);
+        assert_eq!(action("g1b"), Action::Skipped("autostart = false".into()));
+        assert!(matches!(action("g1c"), Action::Skipped(r) if r.contains("frozen")));
+        let (a0, a1) = ops.span("g0a", "start");
+        let (b0, b1) = ops.span("g0b", "start");
+        let (c0, c1) = ops.span("g1a", "start");
+        let (d0, _) = ops.span("g2a", "start");
+        assert_eq!(a0, began);
+        assert_eq!(b0, a1 + 2 * second, "g0b waits for g0a's start plus its delay");
+        assert_eq!(c0, b1, "group 10 begins when group 0 is done");
+        assert_eq!(d0, c1, "a skipped workload's delay holds nothing back");
+        assert!(
+            ops.spans.borrow().iter().all(|s| !s.0.contains("@up.")),
+            "a running workload is left alone"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_node_starts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/berth/workloads")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/workloads/w.toml"),
+            "exec = [\"/bin/x\"]",
+        )
+        .unwrap();
+        let root = Root::new(dir.path());
+        let loaded = crate::config::load(&root);
+        let ops = FakeOps::default().unit("w", false, Behaviour::Takes(std::time::Duration::ZERO));
+        let s = run(&ops, &root, &loaded, Some("test".into()), &Events::new("test"))
+            .await
+            .unwrap();
+        assert!(s.actions.is_empty());
+        assert!(ops.spans.borrow().is_empty());
+    }
+}

@@ -5,7 +5,10 @@
 //! hand. Best effort: it always finishes, records and exits 0.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+// tokio's clock: the same as std's in production, and pausable in tests.
+use tokio::time::Instant;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -510,5 +513,177 @@ impl DryRun {
             out.push_str(&format!("warning: {w}\n"));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Behaviour, FakeOps};
+    use std::time::Duration;
+
+    fn setup(host: &str, workloads: &[(&str, &str)]) -> (tempfile::TempDir, Root, Loaded) {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(dir.path().join("etc/berth/berth.toml"), host).unwrap();
+        for (name, body) in workloads {
+            std::fs::write(
+                etc.join(format!("{name}.toml")),
+                format!("exec = [\"/bin/x\"]\n{body}"),
+            )
+            .unwrap();
+        }
+        let root = Root::new(dir.path());
+        let loaded = crate::config::load(&root);
+        assert!(loaded.is_clean(), "{:?}", loaded.errors);
+        (dir, root, loaded)
+    }
+
+    fn outcomes(report: &Report) -> BTreeMap<String, (Outcome, Option<&'static str>)> {
+        report
+            .workloads
+            .iter()
+            .map(|w| (w.workload.clone(), (w.outcome, w.code)))
+            .collect()
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn groups_run_in_reverse_order_and_parallelism_is_bounded() {
+        let (_d, root, loaded) = setup(
+            "drain_parallelism = 2",
+            &[
+                ("a", "order = 0"),
+                ("b", "order = 10"),
+                ("c", "order = 10"),
+                ("d", "order = 10"),
+                ("e", "order = 20"),
+            ],
+        );
+        let ops = ["a", "b", "c", "d", "e"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::Takes(SEC)));
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        assert!(
+            outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
+            "{report:?}"
+        );
+        assert_eq!(ops.peak("stop"), 2);
+        let (e_begin, e_end) = ops.span("e", "stop");
+        let group10: Vec<_> = ["b", "c", "d"].iter().map(|n| ops.span(n, "stop")).collect();
+        assert!(
+            group10.iter().all(|(b, _)| *b >= e_end),
+            "group 10 began before group 20 ended"
+        );
+        let group10_end = group10.iter().map(|s| s.1).max().unwrap();
+        assert!(ops.span("a", "stop").0 >= group10_end);
+        // 1 s + 2 rounds of 1 s + 1 s.
+        assert_eq!(ops.span("a", "stop").1 - e_begin, 4 * SEC);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_workload_that_ignores_sigterm_is_forced_at_its_stop_delay() {
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("hard", "stop_delay_s = 3"),
+                ("soft", "stop_delay_s = 3\nforce_off_on_timeout = false"),
+            ],
+        );
+        let ops = FakeOps::default()
+            .unit("hard", true, Behaviour::IgnoresTerm)
+            .unit("soft", true, Behaviour::IgnoresTerm);
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let o = outcomes(&report);
+        assert_eq!(o["hard"], (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF")));
+        assert_eq!(o["soft"], (Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT")));
+        assert_eq!(*ops.killed.borrow(), ["berth@hard.service"]);
+        assert_eq!(
+            *ops.cancelled.borrow(),
+            ["berth@soft.service"],
+            "the abandoned stop job is cancelled"
+        );
+        let hard = report.workloads.iter().find(|w| w.workload == "hard").unwrap();
+        assert_eq!(hard.elapsed_ms, 3000);
+        let rec = crate::records::load(&root, "hard").unwrap().unwrap();
+        assert_eq!(
+            (rec.state.as_str(), rec.last_transition_reason.as_str()),
+            ("stopped", "drain")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn power_off_already_off_and_orphans() {
+        let (_d, root, loaded) = setup("", &[("zap", "stop_action = \"power_off\""), ("idle", "")]);
+        let ops = FakeOps::default()
+            .unit("zap", true, Behaviour::IgnoresTerm)
+            .unit("idle", false, Behaviour::Takes(SEC))
+            .unit("ghost", true, Behaviour::Takes(SEC));
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let o = outcomes(&report);
+        assert_eq!(o["zap"].0, Outcome::PoweredOff);
+        assert_eq!(o["idle"].0, Outcome::AlreadyOff);
+        assert_eq!(
+            o["ghost"].0,
+            Outcome::GracefulOff,
+            "a running unit without config is drained"
+        );
+        assert_eq!(
+            report.workloads.last().unwrap().workload,
+            "ghost",
+            "orphans come last"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_forces_everything_still_pending() {
+        let (_d, root, loaded) = setup(
+            "drain_parallelism = 1\ndrain_deadline_s = 5",
+            &[
+                ("s1", "stop_delay_s = 10"),
+                ("s2", "stop_delay_s = 10"),
+                ("s3", "stop_delay_s = 10"),
+            ],
+        );
+        let ops = ["s1", "s2", "s3"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::IgnoresTerm));
+        let began = tokio::time::Instant::now();
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        assert!(
+            outcomes(&report)
+                .values()
+                .all(|o| *o == (Outcome::ForcedOff, Some("E_DRAIN_DEADLINE"))),
+            "{report:?}"
+        );
+        assert!(report.deadline_reached);
+        assert_eq!(
+            tokio::time::Instant::now() - began,
+            5 * SEC,
+            "nothing waits past the deadline"
+        );
+    }
+
+    #[test]
+    fn dry_run_reports_budgets_and_the_worst_case() {
+        let (_d, _root, loaded) = setup(
+            "drain_parallelism = 2\ndrain_deadline_s = 60",
+            &[
+                ("a", "stop_delay_s = 50"),
+                ("b", "stop_delay_s = 40"),
+                ("c", "stop_delay_s = 30\norder = 5"),
+            ],
+        );
+        let plan = dry_run(&loaded, None);
+        assert_eq!(plan.worst_case_s, 80);
+        assert_eq!(plan.drain_timeout_stop_s, 90);
+        assert!(
+            plan.warnings
+                .iter()
+                .any(|w| w.contains("worst case (80 s) exceeds drain_deadline_s (60 s)"))
+        );
+        assert!(plan.text().contains("berth@c.service"));
     }
 }

@@ -9,6 +9,8 @@ pub mod autostart;
 pub mod cli;
 pub mod config;
 pub mod drain;
+#[cfg(test)]
+pub mod fake;
 pub mod freeze;
 pub mod generator;
 pub mod log;
