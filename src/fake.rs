@@ -84,10 +84,10 @@ impl FakeOps {
             self.spans
                 .borrow_mut()
                 .push((job.unit.clone(), verb, job.queued, Instant::now()));
-            if result == "done" {
-                if let Some(u) = self.units.borrow_mut().get_mut(&job.unit) {
-                    u.0 = verb == "start";
-                }
+            if result == "done"
+                && let Some(u) = self.units.borrow_mut().get_mut(&job.unit)
+            {
+                u.0 = verb == "start";
             }
         }
     }
