@@ -18,6 +18,7 @@ PKG_CONFIG ?= pkg-config
 systemd_var = $(or $(shell $(PKG_CONFIG) --variable=$(1) systemd 2>/dev/null),$(2))
 SYSTEMD_SYSTEM_UNIT_DIR ?= $(call systemd_var,systemdsystemunitdir,$(PREFIX)/lib/systemd/system)
 SYSTEMD_SYSTEM_GENERATOR_DIR ?= $(call systemd_var,systemdsystemgeneratordir,$(PREFIX)/lib/systemd/system-generators)
+SYSTEMD_CATALOG_DIR ?= $(call systemd_var,catalogdir,$(PREFIX)/lib/systemd/catalog)
 
 CARGO ?= cargo
 CARGO_FLAGS ?= --locked
@@ -72,6 +73,7 @@ install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
+	$(INSTALL) -Dm644 catalog/berth.catalog $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	for page in $(MAN_PAGES); do \
 		$(INSTALL) -Dm644 $(BUILD_DIR)/man/$$page $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page || exit 1; \
 	done
@@ -79,6 +81,7 @@ install: all
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
+	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
 
 # Debian packages the build and the suite need (a no-op when present).

@@ -39,9 +39,12 @@ enum Verb {
         /// Show the plan, budgets and worst case; stop nothing.
         #[arg(long)]
         dry_run: bool,
-        /// With --dry-run: print the plan as JSON.
-        #[arg(long, requires = "dry_run")]
+        /// With --dry-run or --last: print JSON.
+        #[arg(long)]
         json: bool,
+        /// Show the report of the last drain (e.g. after the next boot); stop nothing.
+        #[arg(long, conflicts_with = "dry_run")]
+        last: bool,
     },
     /// The resident supervisor (run by berth-daemon.service).
     Daemon,
@@ -61,8 +64,15 @@ pub fn main() -> i32 {
     match cli.verb {
         Verb::Check { root } => check(&root.map(Root::new).unwrap_or_else(Root::from_env)),
         Verb::Autostart => autostart(),
-        Verb::Drain { dry_run: true, json } => drain_dry_run(json),
-        Verb::Drain { dry_run: false, .. } => drain(),
+        Verb::Drain { last: true, json, .. } => drain_last(json),
+        Verb::Drain {
+            dry_run: true, json, ..
+        } => drain_dry_run(json),
+        Verb::Drain { json: true, .. } => {
+            eprintln!("berth drain: --json goes with --dry-run or --last");
+            2
+        }
+        Verb::Drain { .. } => drain(),
         Verb::Daemon => daemon(),
         Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
     }
@@ -250,6 +260,36 @@ fn drain() -> i32 {
         }
     });
     0
+}
+
+fn drain_last(json: bool) -> i32 {
+    let root = Root::from_env();
+    let path = root.join(crate::paths::STATE_DIR).join("last-drain.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("no drain recorded yet ({} does not exist)", path.display());
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("berth drain --last: cannot read {}: {e}", path.display());
+            return 1;
+        }
+    };
+    if json {
+        print!("{text}");
+        return 0;
+    }
+    match serde_json::from_str::<crate::drain::Report>(&text) {
+        Ok(report) => {
+            print!("{}", report.text());
+            0
+        }
+        Err(e) => {
+            eprintln!("berth drain --last: {}: not a drain report: {e}", path.display());
+            1
+        }
+    }
 }
 
 fn drain_dry_run(json: bool) -> i32 {

@@ -23,7 +23,7 @@ use crate::records;
 use crate::report::Events;
 use crate::systemd::{Ops, SystemdError, UnitStatus};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Outcome {
     GracefulOff,
     PoweredOff,
@@ -129,20 +129,20 @@ pub fn plan_groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
     groups
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct StopResult {
     pub workload: String,
     pub outcome: Outcome,
     /// When its stop began, in ms since the drain began.
     pub started_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<&'static str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     pub elapsed_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Report {
     pub started_at: String,
     pub finished_at: String,
@@ -186,21 +186,38 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
         let mut queue = group.into_iter();
         let mut in_flight = FuturesUnordered::new();
         loop {
-            while in_flight.len() < parallelism {
+            // Past the deadline everything still pending is forced at once,
+            // not drain_parallelism at a time.
+            let limit = if Instant::now() >= deadline {
+                usize::MAX
+            } else {
+                parallelism
+            };
+            while in_flight.len() < limit {
                 match queue.next() {
                     Some(t) => in_flight.push(stop_one(ops, t, started, deadline)),
                     None => break,
                 }
             }
-            match in_flight.next().await {
-                Some(r) => results.push(r),
+            let next = if in_flight.is_empty() {
+                None
+            } else {
+                // Wake at the deadline too, to release what still waits.
+                tokio::select! {
+                    r = in_flight.next() => r,
+                    _ = tokio::time::sleep_until(deadline), if Instant::now() < deadline => continue,
+                }
+            };
+            match next {
+                Some(r) => {
+                    // Recorded as each finishes: if systemd ever kills the
+                    // drain, what was done is already in the journal.
+                    record(root, &r, events);
+                    results.push(r);
+                }
                 None => break,
             }
         }
-    }
-
-    for r in &results {
-        record(root, r, events);
     }
     let report = Report {
         started_at,
@@ -236,7 +253,7 @@ async fn stop_one<O: Ops>(ops: &O, t: Target, drain_began: Instant, deadline: In
         workload: t.name,
         outcome,
         started_ms: began.duration_since(drain_began).as_millis() as u64,
-        code,
+        code: code.map(str::to_string),
         elapsed_ms: began.elapsed().as_millis() as u64,
         detail,
     }
@@ -344,7 +361,7 @@ fn record(root: &Root, r: &StopResult, events: &Events) {
         let transition =
             rec.state != "stopped" && r.outcome != Outcome::TimedOut && r.outcome != Outcome::Failed;
         rec.outcome = Some(r.outcome.as_str().into());
-        rec.code = r.code.map(str::to_string);
+        rec.code = r.code.clone();
         rec.detail = r.detail.clone();
         if transition {
             rec.state = "stopped".into();
@@ -361,8 +378,8 @@ fn record(root: &Root, r: &StopResult, events: &Events) {
         ("BERTH_OUTCOME", r.outcome.as_str().to_string()),
         ("BERTH_ELAPSED_MS", r.elapsed_ms.to_string()),
     ];
-    if let Some(code) = r.code {
-        fields.push(("BERTH_CODE", code.to_string()));
+    if let Some(code) = &r.code {
+        fields.push(("BERTH_CODE", code.clone()));
     }
     let level = match r.outcome {
         Outcome::GracefulOff | Outcome::PoweredOff | Outcome::AlreadyOff => log::Level::Info,
@@ -429,6 +446,32 @@ fn outcome_field(outcome: &str) -> &'static str {
         "ForcedOff" => "BERTH_FORCED_OFF",
         "TimedOut" => "BERTH_TIMED_OUT",
         _ => "BERTH_FAILED",
+    }
+}
+
+impl Report {
+    /// What `berth drain --last` prints.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "last drain: {} to {} ({} ms, deadline {} s{}, {} at a time)\n",
+            self.started_at,
+            self.finished_at,
+            self.elapsed_ms,
+            self.deadline_s,
+            if self.deadline_reached { ", reached" } else { "" },
+            self.parallelism
+        );
+        for w in &self.workloads {
+            out.push_str(&format!(
+                "  berth@{}.service: {}{} after {} ms{}\n",
+                w.workload,
+                w.outcome.as_str(),
+                w.code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default(),
+                w.elapsed_ms,
+                w.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+            ));
+        }
+        out
     }
 }
 
@@ -540,11 +583,11 @@ mod tests {
         (dir, root, loaded)
     }
 
-    fn outcomes(report: &Report) -> BTreeMap<String, (Outcome, Option<&'static str>)> {
+    fn outcomes(report: &Report) -> BTreeMap<String, (Outcome, Option<&str>)> {
         report
             .workloads
             .iter()
-            .map(|w| (w.workload.clone(), (w.outcome, w.code)))
+            .map(|w| (w.workload.clone(), (w.outcome, w.code.as_deref())))
             .collect()
     }
 

@@ -73,6 +73,8 @@ harness_prepare() {
     cp -a "$BASE" "$ROOTFS"
     make -s -C "$REPO" install DESTDIR="$ROOTFS" PREFIX=/usr BUILD_DIR="$HARNESS_DIR/build" >/dev/null
     systemctl --root="$ROOTFS" enable berth.target >/dev/null 2>&1 || die "systemctl --root enable berth.target failed"
+    # What a package's trigger does, so that journalctl -x explains berth's records.
+    journalctl --root="$ROOTFS" --update-catalog || die "journalctl --update-catalog failed"
     install -d "$ROOTFS/opt/berth-test"
     install -m755 "$REPO"/tests/harness/bin/* "$ROOTFS/opt/berth-test/"
     # Nothing but what a test asks for: no getty on the console.
@@ -99,10 +101,14 @@ ct_boot() {
     shift 2
     CT_NAME=berth-$name-$$
     CT_DIR=$HARNESS_DIR/run/$name
-    rm -rf "$CT_DIR"
+    # CT_KEEP_STATE=1 boots "the same host" again: state, config and
+    # journal of the previous boot of NAME are kept.
+    if [ "${CT_KEEP_STATE:-}" != 1 ]; then
+        rm -rf "$CT_DIR"
+    fi
     mkdir -p "$CT_DIR/out" "$CT_DIR/journal" "$CT_DIR/etc-berth" "$CT_DIR/state"
     chmod 1777 "$CT_DIR/out"
-    if [ -n "$config" ]; then
+    if [ -n "$config" ] && [ "${CT_KEEP_STATE:-}" != 1 ]; then
         cp -a "$config/." "$CT_DIR/etc-berth/"
     fi
     # A scenario may seed state (e.g. freeze flags) before boot.
