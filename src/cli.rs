@@ -251,12 +251,15 @@ fn drain() -> i32 {
             Ok(sd) => {
                 crate::drain::run(&sd, &root, &loaded, &events).await;
             }
-            Err(e) => events.emit(
-                log::Level::Error,
-                crate::drain::SUMMARY_MESSAGE_ID,
-                &[("BERTH_CODE", "E_SYSTEMD".into())],
-                &format!("drain impossible: cannot reach systemd: {e}"),
-            ),
+            Err(e) => {
+                events.emit(
+                    log::Level::Error,
+                    crate::drain::SUMMARY_MESSAGE_ID,
+                    &[("BERTH_CODE", "E_SYSTEMD".into())],
+                    &format!("drain impossible: cannot reach systemd: {e}"),
+                );
+                crate::drain::unreachable(&root, &loaded, &e, &events);
+            }
         }
     });
     0

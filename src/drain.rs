@@ -59,6 +59,48 @@ impl Outcome {
 
 pub const SUMMARY_MESSAGE_ID: &str = "61e222e9096b43169c2ddfd80dc89fbb";
 
+/// When systemd cannot be reached at all: every configured workload is
+/// reported Failed, so that `berth drain --last` after the next boot tells
+/// the truth rather than showing an older drain.
+pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &Events) {
+    let now = rfc3339(SystemTime::now());
+    let workloads: Vec<StopResult> = loaded
+        .workloads
+        .iter()
+        .map(|w| StopResult {
+            workload: w.name.clone(),
+            outcome: Outcome::Failed,
+            started_ms: 0,
+            code: Some("E_SYSTEMD".into()),
+            elapsed_ms: 0,
+            detail: Some(format!("systemd unreachable: {error}")),
+        })
+        .collect();
+    for r in &workloads {
+        record(root, r, events);
+    }
+    let report = Report {
+        started_at: now.clone(),
+        finished_at: now,
+        elapsed_ms: 0,
+        deadline_s: loaded.host.drain_deadline_s,
+        parallelism: loaded.host.drain_parallelism,
+        deadline_reached: false,
+        workloads,
+    };
+    write_report(root, &report, events);
+}
+
+fn write_report(root: &Root, report: &Report, events: &Events) {
+    let path = root.join(STATE_DIR).join("last-drain.json");
+    if let Err(e) = serde_json::to_vec_pretty(report)
+        .map_err(std::io::Error::from)
+        .and_then(|bytes| records::write_atomic(&path, &bytes))
+    {
+        events.warn(&format!("cannot write {}: {e}", path.display()));
+    }
+}
+
 /// One workload the drain acts on: from config, or a running unit whose
 /// definition is gone or broken (host defaults, last group).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -153,8 +195,8 @@ pub struct Report {
     pub workloads: Vec<StopResult>,
 }
 
-/// Runs the drain. `Err` only when the live units cannot be listed; then
-/// the configured workloads are still attempted.
+/// Runs the drain. When the live units cannot be listed, every configured
+/// workload is still attempted.
 pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events) -> Report {
     let started = Instant::now();
     let started_at = rfc3339(SystemTime::now());
@@ -182,7 +224,13 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
     let parallelism = loaded.host.drain_parallelism.max(1) as usize;
     let mut results = Vec::new();
 
-    for group in groups {
+    let mut groups = groups.into_iter();
+    while let Some(mut group) = groups.next() {
+        // Past the deadline the remaining groups are one batch: everything
+        // still pending is forced at once.
+        if Instant::now() >= deadline {
+            group.extend(groups.by_ref().flatten());
+        }
         let mut queue = group.into_iter();
         let mut in_flight = FuturesUnordered::new();
         loop {
@@ -209,6 +257,14 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
                 }
             };
             match next {
+                Some(r) if Instant::now() >= deadline && queue.len() > 0 => {
+                    record(root, &r, events);
+                    results.push(r);
+                    // The deadline passed inside this group: pull the later
+                    // groups into it.
+                    let rest: Vec<Target> = queue.by_ref().chain(groups.by_ref().flatten()).collect();
+                    queue = rest.into_iter();
+                }
                 Some(r) => {
                     // Recorded as each finishes: if systemd ever kills the
                     // drain, what was done is already in the journal.
@@ -229,13 +285,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
         workloads: results,
     };
     summarize(&report, events);
-    let path = root.join(STATE_DIR).join("last-drain.json");
-    if let Err(e) = serde_json::to_vec_pretty(&report)
-        .map_err(std::io::Error::from)
-        .and_then(|bytes| records::write_atomic(&path, &bytes))
-    {
-        events.warn(&format!("cannot write {}: {e}", path.display()));
-    }
+    write_report(root, &report, events);
     report
 }
 
@@ -265,23 +315,31 @@ type Done = (Outcome, Option<&'static str>, Option<String>);
 const FORCE_SETTLE: Duration = Duration::from_secs(10);
 
 async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<Done, SystemdError> {
-    let now = Instant::now();
-    if now >= deadline {
-        // Never attempted gracefully: the deadline passed while it waited.
-        return force_or_abandon(ops, t, None, "E_DRAIN_DEADLINE").await;
-    }
     if t.power_off() {
-        ops.kill(&t.unit).await?;
+        // Killed at once, deadline or not, force-off setting or not: that
+        // is what power_off asks for. A failed kill (the processes already
+        // gone) still gets its stop.
+        let killed = ops.kill(&t.unit).await;
         let job = ops.stop(&t.unit).await?;
         let result = ops.wait(&job, Some(FORCE_SETTLE)).await;
-        return Ok(match result.as_deref() {
-            Some("done") => (Outcome::PoweredOff, None, None),
-            other => (
+        return Ok(match (result.as_deref(), killed) {
+            (Some("done"), _) => (Outcome::PoweredOff, None, None),
+            (other, Err(e)) => (
+                Outcome::Failed,
+                Some("E_SYSTEMD"),
+                Some(format!("{e}; stop job: {other:?}")),
+            ),
+            (other, Ok(())) => (
                 Outcome::Failed,
                 Some("E_SYSTEMD"),
                 Some(format!("stop job after SIGKILL: {other:?}")),
             ),
         });
+    }
+    let now = Instant::now();
+    if now >= deadline {
+        // Never attempted gracefully: the deadline passed while it waited.
+        return force_or_abandon(ops, t, None, "E_DRAIN_DEADLINE").await;
     }
     let job = ops.stop(&t.unit).await?;
     let budget = Duration::from_secs(t.stop_delay_s);
@@ -297,7 +355,7 @@ async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<
             // The job ended without the unit going down cleanly (canceled
             // by someone else, failed): say what systemd said.
             let state = ops.active_state(&t.unit).await.unwrap_or_default();
-            if state == "inactive" || state == "failed" {
+            if is_down(&state) {
                 Ok((
                     Outcome::GracefulOff,
                     None,
@@ -311,33 +369,52 @@ async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<
                 ))
             }
         }
-        None => {
-            let code = if t.force_off_on_timeout {
-                code
-            } else {
-                "E_DRAIN_GUEST_TIMEOUT"
-            };
-            force_or_abandon(ops, t, Some(job), code).await
-        }
+        None => force_or_abandon(ops, t, Some(job), code).await,
     }
+}
+
+fn is_down(active_state: &str) -> bool {
+    matches!(active_state, "inactive" | "failed")
 }
 
 /// Past its budget: SIGKILL and let the stop complete (ForcedOff), or, with
 /// force-off disabled, cancel the pending stop job so it cannot hold the
 /// shutdown, and leave the workload to systemd's final kill (TimedOut).
+/// The outcome follows what systemd says happened, not the timer alone: a
+/// stop job that completed just then, or a unit already down, is
+/// GracefulOff.
 async fn force_or_abandon<O: Ops>(
     ops: &O,
     t: &Target,
     job: Option<crate::systemd::Job>,
     code: &'static str,
 ) -> Result<Done, SystemdError> {
+    if let Some(job) = &job
+        && ops.wait(job, Some(Duration::ZERO)).await.as_deref() == Some("done")
+    {
+        return Ok((Outcome::GracefulOff, None, None));
+    }
     if !t.force_off_on_timeout {
-        if let Some(job) = &job {
-            ops.cancel(&t.unit, job).await?;
+        if let Some(job) = &job
+            && let Err(e) = ops.cancel(&t.unit, job).await
+            && !e.is_gone()
+        {
+            return Err(e);
+        }
+        if is_down(&ops.active_state(&t.unit).await.unwrap_or_default()) {
+            return Ok((
+                Outcome::GracefulOff,
+                None,
+                Some("went down at its stop delay".into()),
+            ));
         }
         return Ok((Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT"), None));
     }
-    ops.kill(&t.unit).await?;
+    if let Err(e) = ops.kill(&t.unit).await
+        && !e.is_gone()
+    {
+        return Err(e);
+    }
     let job = match job {
         Some(job) => job,
         None => ops.stop(&t.unit).await?,
@@ -358,8 +435,13 @@ async fn force_or_abandon<O: Ops>(
 fn record(root: &Root, r: &StopResult, events: &Events) {
     let now = rfc3339(SystemTime::now());
     let recorded = records::update(root, &r.workload, |rec| {
-        let transition =
-            rec.state != "stopped" && r.outcome != Outcome::TimedOut && r.outcome != Outcome::Failed;
+        // Only a stop the drain made is a transition; AlreadyOff keeps the
+        // state (a failed workload stays failed).
+        let transition = rec.state != "stopped"
+            && matches!(
+                r.outcome,
+                Outcome::GracefulOff | Outcome::ForcedOff | Outcome::PoweredOff
+            );
         rec.outcome = Some(r.outcome.as_str().into());
         rec.code = r.code.clone();
         rec.detail = r.detail.clone();

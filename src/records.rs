@@ -39,6 +39,9 @@ pub struct Record {
     pub adopted_at: Option<String>,
 }
 
+const LOCK_ATTEMPTS: u32 = 50;
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub fn records_dir(root: &Root) -> PathBuf {
     root.join(STATE_DIR).join("records")
 }
@@ -56,8 +59,18 @@ pub fn lock(root: &Root, name: &str) -> io::Result<File> {
         .truncate(false)
         .write(true)
         .open(dir.join(name))?;
-    file.lock()?;
-    Ok(file)
+    // Bounded: a holder that never lets go must not hang a drain.
+    for _ in 0..LOCK_ATTEMPTS {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(LOCK_RETRY),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::WouldBlock,
+        format!("{name}: its lock is held by another process"),
+    ))
 }
 
 pub fn load(root: &Root, name: &str) -> io::Result<Option<Record>> {
@@ -107,9 +120,11 @@ pub fn update(root: &Root, name: &str, change: impl FnOnce(&mut Record) -> bool)
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().expect("path has a directory");
     fs::create_dir_all(dir)?;
+    // Per process, so that two writers never share a temporary file.
     let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("record")
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
+        std::process::id()
     ));
     {
         let mut f = File::create(&tmp)?;

@@ -31,6 +31,10 @@ const PRIVATE_SOCKET: &str = "/run/systemd/private";
 /// replies per connection. Stop and start jobs run in parallel regardless:
 /// a call returns as soon as the job is queued.
 const MAX_PENDING_CALLS: usize = 64;
+/// No call may hang a shutdown: systemd answers in milliseconds, so a
+/// reply later than this means the bus or the manager is gone. Well under
+/// the drain unit's 30 s margin.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
@@ -72,6 +76,17 @@ impl fmt::Display for SystemdError {
 
 impl std::error::Error for SystemdError {}
 
+impl SystemdError {
+    /// The job or the unit's processes were already gone: what the call
+    /// wanted had happened.
+    pub fn is_gone(&self) -> bool {
+        matches!(
+            self.error_name.as_str(),
+            "org.freedesktop.systemd1.NoSuchJob" | "org.freedesktop.systemd1.NoSuchProcess"
+        )
+    }
+}
+
 fn error(operation: &'static str, unit: &str, e: zbus::Error) -> SystemdError {
     let (error_name, message) = match &e {
         zbus::Error::MethodError(name, detail, _) => (name.to_string(), detail.clone().unwrap_or_default()),
@@ -110,20 +125,22 @@ const DONE_CACHE: usize = 4096;
 
 impl Jobs {
     fn complete(&mut self, path: String, result: JobResult) {
-        match self.slots.remove(&path) {
-            Some(Slot::Waiting(tx)) => {
-                let _ = tx.send(result);
-            }
-            _ => {
-                self.slots.insert(path.clone(), Slot::Done(result));
-                self.done_order.push_back(path);
-                while self.done_order.len() > DONE_CACHE {
-                    if let Some(old) = self.done_order.pop_front()
-                        && matches!(self.slots.get(&old), Some(Slot::Done(_)))
-                    {
-                        self.slots.remove(&old);
-                    }
-                }
+        let result = match self.slots.remove(&path) {
+            // A waiter that gave up (timed out) dropped its receiver: keep
+            // the result for the next wait on the same job.
+            Some(Slot::Waiting(tx)) => match tx.send(result) {
+                Ok(()) => return,
+                Err(result) => result,
+            },
+            _ => result,
+        };
+        self.slots.insert(path.clone(), Slot::Done(result));
+        self.done_order.push_back(path);
+        while self.done_order.len() > DONE_CACHE {
+            if let Some(old) = self.done_order.pop_front()
+                && matches!(self.slots.get(&old), Some(Slot::Done(_)))
+            {
+                self.slots.remove(&old);
             }
         }
     }
@@ -182,14 +199,31 @@ impl Systemd {
     /// therefore ordered `After=dbus.service`: the bus stays up until the
     /// drain is done.
     pub async fn connect() -> Result<Systemd, SystemdError> {
+        match tokio::time::timeout(CALL_TIMEOUT * 2, Self::connect_inner()).await {
+            Ok(result) => result,
+            Err(_) => Err(SystemdError {
+                operation: "connect to",
+                unit: "systemd".into(),
+                error_name: String::new(),
+                message: format!("no answer within {} s", (CALL_TIMEOUT * 2).as_secs()),
+            }),
+        }
+    }
+
+    async fn connect_inner() -> Result<Systemd, SystemdError> {
         if is_root()
             && let Ok(stream) = std::os::unix::net::UnixStream::connect(PRIVATE_SOCKET)
-            && let Ok(conn) = zbus::connection::Builder::unix_stream(stream).p2p().build().await
+            && let Ok(conn) = zbus::connection::Builder::unix_stream(stream)
+                .p2p()
+                .method_timeout(CALL_TIMEOUT)
+                .build()
+                .await
             && let Ok(systemd) = Self::setup(conn, "private socket").await
         {
             return Ok(systemd);
         }
         let conn = zbus::connection::Builder::system()
+            .method_timeout(CALL_TIMEOUT)
             .build()
             .await
             .map_err(|e| error("connect to", "the system bus", e))?;
@@ -449,6 +483,16 @@ mod tests {
         jobs.slots.insert("/j/8".into(), Slot::Waiting(tx));
         jobs.complete("/j/8".into(), "canceled".into());
         assert_eq!(rx.try_recv().unwrap(), "canceled");
+    }
+
+    #[test]
+    fn a_result_for_a_waiter_that_gave_up_is_kept() {
+        let mut jobs = Jobs::default();
+        let (tx, rx) = oneshot::channel();
+        jobs.slots.insert("/j/9".into(), Slot::Waiting(tx));
+        drop(rx); // the wait timed out
+        jobs.complete("/j/9".into(), "done".into());
+        assert!(matches!(jobs.slots.get("/j/9"), Some(Slot::Done(r)) if r == "done"));
     }
 
     #[test]
