@@ -85,7 +85,7 @@ pub async fn run<O: Ops>(
     }
 
     for group in plan::start_groups(&loaded.workloads) {
-        let mut pending: Vec<(&Workload, Job)> = Vec::new();
+        let mut pending: Vec<(&Workload, Job, Option<std::fs::File>)> = Vec::new();
         for w in group {
             if running.contains(&w.name) {
                 continue;
@@ -100,21 +100,24 @@ pub async fn run<O: Ops>(
                 summary.actions.push((w.name.clone(), Action::Skipped(reason)));
                 continue;
             }
+            // Held across the job, so the supervisor does not record this
+            // start as someone else's.
+            let lock = records::lock(root, &w.name).ok();
             match ops.start(&w.unit_name()).await {
                 Ok(job) if w.start_delay_s > 0 => {
-                    let action = finish(ops, root, w, &job, events).await;
+                    let action = finish(ops, root, w, &job, lock, events).await;
                     summary.actions.push((w.name.clone(), action));
                     tokio::time::sleep(Duration::from_secs(w.start_delay_s)).await;
                 }
-                Ok(job) => pending.push((w, job)),
+                Ok(job) => pending.push((w, job, lock)),
                 Err(e) => {
-                    let action = record_start(root, w, Err(e.to_string()), events);
+                    let action = record_start(root, w, Err(e.to_string()), lock, events);
                     summary.actions.push((w.name.clone(), action));
                 }
             }
         }
-        for (w, job) in pending {
-            let action = finish(ops, root, w, &job, events).await;
+        for (w, job, lock) in pending {
+            let action = finish(ops, root, w, &job, lock, events).await;
             summary.actions.push((w.name.clone(), action));
         }
     }
@@ -142,7 +145,14 @@ pub async fn run<O: Ops>(
     Ok(summary)
 }
 
-async fn finish<O: Ops>(ops: &O, root: &Root, w: &Workload, job: &Job, events: &Events) -> Action {
+async fn finish<O: Ops>(
+    ops: &O,
+    root: &Root,
+    w: &Workload,
+    job: &Job,
+    lock: Option<std::fs::File>,
+    events: &Events,
+) -> Action {
     let result = ops.wait(job, None).await.unwrap_or_else(|| "unknown".into());
     let outcome = if result == "done" {
         Ok(())
@@ -152,22 +162,33 @@ async fn finish<O: Ops>(ops: &O, root: &Root, w: &Workload, job: &Job, events: &
             w.unit_name()
         ))
     };
-    record_start(root, w, outcome, events)
+    record_start(root, w, outcome, lock, events)
 }
 
-fn record_start(root: &Root, w: &Workload, outcome: Result<(), String>, events: &Events) -> Action {
+fn record_start(
+    root: &Root,
+    w: &Workload,
+    outcome: Result<(), String>,
+    lock: Option<std::fs::File>,
+    events: &Events,
+) -> Action {
     let (state, action) = match &outcome {
         Ok(()) => ("running", Action::Started),
         Err(e) => ("failed", Action::StartFailed(e.clone())),
     };
-    let recorded = records::update(root, &w.name, |r| {
+    let change = |r: &mut records::Record| {
         r.state = state.into();
         r.last_transition_reason = "boot".into();
         r.outcome = Some(if outcome.is_ok() { "Started" } else { "StartFailed" }.into());
         r.detail = outcome.as_ref().err().cloned();
         r.code = None;
+        r.detected_by = None;
         true
-    });
+    };
+    let recorded = match &lock {
+        Some(lock) => records::update_locked(root, &w.name, lock, change),
+        None => records::update(root, &w.name, change),
+    };
     if let Err(e) = recorded {
         events.warn(&format!("cannot record {}: {e}", w.name));
     }

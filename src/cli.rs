@@ -47,7 +47,25 @@ enum Verb {
         last: bool,
     },
     /// The resident supervisor (run by berth-daemon.service).
-    Daemon,
+    Daemon {
+        /// Run by hand: relaunch in place when the daemon asks to (exit 75).
+        #[arg(long)]
+        foreground: bool,
+        /// Seconds between reconcile passes (default: [daemon] reconcile_interval_s).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        reconcile_interval: Option<u64>,
+    },
+    /// List the workloads: live state from systemd and the records.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one workload: live state and its record.
+    Inspect {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
     #[command(hide = true)]
     NotConfigured { name: String },
@@ -73,7 +91,23 @@ pub fn main() -> i32 {
             2
         }
         Verb::Drain { .. } => drain(),
-        Verb::Daemon => daemon(),
+        Verb::Daemon {
+            foreground,
+            reconcile_interval,
+        } => {
+            let options = || crate::daemon::Options {
+                reconcile_interval: reconcile_interval.map(Duration::from_secs),
+            };
+            loop {
+                let rc = crate::daemon::main(options());
+                if !(foreground && rc == crate::daemon::EXIT_RELAUNCH) {
+                    return rc;
+                }
+                eprintln!("berth daemon: relaunching (exit {rc})");
+            }
+        }
+        Verb::List { json } => list(None, json),
+        Verb::Inspect { name, json } => list(Some(name), json),
         Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
     }
 }
@@ -336,18 +370,93 @@ fn not_configured(root: &Root, name: &str) -> i32 {
     1
 }
 
-/// Minimal supervisor until the resident daemon lands: it tells systemd it
-/// is ready and feeds the watchdog, and touches no workload.
-fn daemon() -> i32 {
-    let _ = sd_notify::notify(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status("idle: supervision arrives in a later release"),
-    ]);
-    let interval = sd_notify::watchdog_enabled()
-        .map(|timeout| timeout / 2)
-        .unwrap_or(Duration::from_secs(3600));
-    loop {
-        std::thread::sleep(interval);
-        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+/// `berth list` / `berth inspect`: the same data with or without a
+/// daemon, from systemd (when reachable) and the records.
+fn list(only: Option<String>, json: bool) -> i32 {
+    let root = Root::from_env();
+    let loaded = config::load(&root);
+    let live: Option<Vec<(String, crate::systemd::UnitDetails)>> = systemd::runtime().ok().and_then(|rt| {
+        rt.block_on(async {
+            let sd = Systemd::connect().await.ok()?;
+            let units = sd.list_units("berth@*.service").await.ok()?;
+            let mut out = Vec::new();
+            for u in units {
+                if let (Some(name), Ok(d)) =
+                    (crate::autostart::instance_of(&u.name), sd.details(&u.name).await)
+                {
+                    out.push((name, d));
+                }
+            }
+            Some(out)
+        })
+    });
+    let mut names: Vec<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
+    for (n, _) in live.iter().flatten() {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
     }
+    names.sort();
+    if let Some(only) = &only {
+        if !names.contains(only) && crate::records::load(&root, only).ok().flatten().is_none() {
+            eprintln!("berth inspect: no workload {only:?} (not configured, not loaded, no record)");
+            return 1;
+        }
+        names = vec![only.clone()];
+    }
+    let mut rows = Vec::new();
+    for name in &names {
+        let record = crate::records::load(&root, name).ok().flatten();
+        let details = live
+            .as_ref()
+            .and_then(|l| l.iter().find(|(n, _)| n == name))
+            .map(|(_, d)| d);
+        rows.push(serde_json::json!({
+            "name": name,
+            "unit": config::unit_name(name),
+            "configured": loaded.workload(name).is_some(),
+            "active_state": details.map(|d| d.active_state.clone()).unwrap_or_else(|| if live.is_some() { "inactive".into() } else { "unknown".into() }),
+            "main_pid": details.map(|d| d.main_pid),
+            "invocation_id": details.map(|d| d.invocation_id.clone()),
+            "record": record,
+        }));
+    }
+    if json {
+        let value = if only.is_some() {
+            rows.remove(0)
+        } else {
+            serde_json::Value::Array(rows)
+        };
+        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
+        return 0;
+    }
+    if live.is_none() {
+        println!("(systemd not reachable: live state unknown)");
+    }
+    println!(
+        "{:<24} {:<10} {:>8} {:>4}  {:<16} AT",
+        "WORKLOAD", "STATE", "PID", "GEN", "LAST"
+    );
+    for r in &rows {
+        let rec = &r["record"];
+        println!(
+            "{:<24} {:<10} {:>8} {:>4}  {:<16} {}",
+            r["name"].as_str().unwrap_or(""),
+            r["active_state"].as_str().unwrap_or(""),
+            r["main_pid"]
+                .as_u64()
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into()),
+            rec["transition_generation"]
+                .as_u64()
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into()),
+            rec["last_transition_reason"].as_str().unwrap_or("-"),
+            rec["last_transition_at"].as_str().unwrap_or("-"),
+        );
+        if only.is_some() && !rec.is_null() {
+            println!("{}", serde_json::to_string_pretty(rec).expect("serializes"));
+        }
+    }
+    0
 }

@@ -77,7 +77,7 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
         })
         .collect();
     for r in &workloads {
-        record(root, r, events);
+        record(root, r, None, events);
     }
     let report = Report {
         started_at: now.clone(),
@@ -243,7 +243,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
             };
             while in_flight.len() < limit {
                 match queue.next() {
-                    Some(t) => in_flight.push(stop_one(ops, t, started, deadline)),
+                    Some(t) => in_flight.push(stop_one(ops, t, Some(root), started, deadline)),
                     None => break,
                 }
             }
@@ -257,18 +257,18 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
                 }
             };
             match next {
-                Some(r) if Instant::now() >= deadline && queue.len() > 0 => {
-                    record(root, &r, events);
+                Some((r, lock)) if Instant::now() >= deadline && queue.len() > 0 => {
+                    record(root, &r, lock.as_ref(), events);
                     results.push(r);
                     // The deadline passed inside this group: pull the later
                     // groups into it.
                     let rest: Vec<Target> = queue.by_ref().chain(groups.by_ref().flatten()).collect();
                     queue = rest.into_iter();
                 }
-                Some(r) => {
+                Some((r, lock)) => {
                     // Recorded as each finishes: if systemd ever kills the
                     // drain, what was done is already in the journal.
-                    record(root, &r, events);
+                    record(root, &r, lock.as_ref(), events);
                     results.push(r);
                 }
                 None => break,
@@ -289,7 +289,19 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
     report
 }
 
-async fn stop_one<O: Ops>(ops: &O, t: Target, drain_began: Instant, deadline: Instant) -> StopResult {
+/// Stops one workload. `root` given: its lock is taken first and handed back
+/// with the result, so that the supervisor does not record this stop as
+/// someone else's before the drain has recorded it.
+async fn stop_one<O: Ops>(
+    ops: &O,
+    t: Target,
+    root: Option<&Root>,
+    drain_began: Instant,
+    deadline: Instant,
+) -> (StopResult, Option<std::fs::File>) {
+    let lock = root
+        .filter(|_| t.running)
+        .and_then(|root| records::lock(root, &t.name).ok());
     let began = Instant::now();
     let (outcome, code, detail) = if !t.running {
         (Outcome::AlreadyOff, None, None)
@@ -299,14 +311,15 @@ async fn stop_one<O: Ops>(ops: &O, t: Target, drain_began: Instant, deadline: In
             Err(e) => (Outcome::Failed, Some("E_SYSTEMD"), Some(e.to_string())),
         }
     };
-    StopResult {
+    let result = StopResult {
         workload: t.name,
         outcome,
         started_ms: began.duration_since(drain_began).as_millis() as u64,
         code: code.map(str::to_string),
         elapsed_ms: began.elapsed().as_millis() as u64,
         detail,
-    }
+    };
+    (result, lock)
 }
 
 type Done = (Outcome, Option<&'static str>, Option<String>);
@@ -432,9 +445,9 @@ async fn force_or_abandon<O: Ops>(
     }
 }
 
-fn record(root: &Root, r: &StopResult, events: &Events) {
+fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, events: &Events) {
     let now = rfc3339(SystemTime::now());
-    let recorded = records::update(root, &r.workload, |rec| {
+    let change = |rec: &mut records::Record| {
         // Only a stop the drain made is a transition; AlreadyOff keeps the
         // state (a failed workload stays failed).
         let transition = rec.state != "stopped"
@@ -449,9 +462,14 @@ fn record(root: &Root, r: &StopResult, events: &Events) {
             rec.state = "stopped".into();
             rec.stopped_at = Some(now.clone());
             rec.last_transition_reason = "drain".into();
+            rec.detected_by = None;
         }
         transition
-    });
+    };
+    let recorded = match lock {
+        Some(lock) => records::update_locked(root, &r.workload, lock, change),
+        None => records::update(root, &r.workload, change),
+    };
     if let Err(e) = recorded {
         events.warn(&format!("cannot record {}: {e}", r.workload));
     }

@@ -8,6 +8,7 @@
 pub mod autostart;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod drain;
 #[cfg(test)]
 pub mod fake;

@@ -37,6 +37,24 @@ pub struct Record {
     /// When a boot last found it running and left it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted_at: Option<String>,
+    /// Why it last stopped, as systemd tells it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_cause: Option<ExitCause>,
+    /// `scan` when the supervisor found the transition on a pass (e.g. it
+    /// happened while the supervisor was down): dated at detection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detected_by: Option<String>,
+}
+
+/// The exit as systemd recorded it for the service.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitCause {
+    /// The unit's Result: success, exit-code, signal, core-dump, timeout, …
+    pub result: String,
+    /// exited, killed or dumped (from ExecMainCode).
+    pub code: String,
+    /// The exit status, or the signal number when killed or dumped.
+    pub status: i32,
 }
 
 const LOCK_ATTEMPTS: u32 = 50;
@@ -52,6 +70,10 @@ pub fn record_path(root: &Root, name: &str) -> PathBuf {
 
 /// The workload's lock, held while its record is read and rewritten.
 pub fn lock(root: &Root, name: &str) -> io::Result<File> {
+    lock_within(root, name, LOCK_ATTEMPTS)
+}
+
+fn lock_within(root: &Root, name: &str, attempts: u32) -> io::Result<File> {
     let dir = root.join(DAEMON_RUNTIME_DIR).join("locks");
     fs::create_dir_all(&dir)?;
     let file = OpenOptions::new()
@@ -60,10 +82,13 @@ pub fn lock(root: &Root, name: &str) -> io::Result<File> {
         .write(true)
         .open(dir.join(name))?;
     // Bounded: a holder that never lets go must not hang a drain.
-    for _ in 0..LOCK_ATTEMPTS {
+    for attempt in 0..attempts {
         match file.try_lock() {
             Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(LOCK_RETRY),
+            Err(std::fs::TryLockError::WouldBlock) if attempt + 1 < attempts => {
+                std::thread::sleep(LOCK_RETRY)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => break,
             Err(std::fs::TryLockError::Error(e)) => return Err(e),
         }
     }
@@ -88,7 +113,32 @@ pub fn load(root: &Root, name: &str) -> io::Result<Option<Record>> {
 /// generation and transition time then advance). A record that cannot be
 /// parsed is moved aside as `NAME.json.corrupt` and started afresh.
 pub fn update(root: &Root, name: &str, change: impl FnOnce(&mut Record) -> bool) -> io::Result<Record> {
-    let _lock = lock(root, name)?;
+    let lock = lock(root, name)?;
+    update_locked(root, name, &lock, change)
+}
+
+/// Like [`update`], but never waits: `Ok(None)` when another process holds
+/// the workload's lock (the supervisor defers to its next pass).
+pub fn try_update(
+    root: &Root,
+    name: &str,
+    change: impl FnOnce(&mut Record) -> bool,
+) -> io::Result<Option<Record>> {
+    match lock_within(root, name, 1) {
+        Ok(lock) => update_locked(root, name, &lock, change).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`update`] for a caller that already holds the workload's lock (a
+/// helper holds it across its start or stop job).
+pub fn update_locked(
+    root: &Root,
+    name: &str,
+    _lock: &File,
+    change: impl FnOnce(&mut Record) -> bool,
+) -> io::Result<Record> {
     let mut record = match load(root, name) {
         Ok(Some(r)) => r,
         Ok(None) => Record {

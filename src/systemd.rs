@@ -383,11 +383,138 @@ impl Systemd {
             .await
     }
 
+    /// What the supervisor needs to know about a workload unit.
+    pub async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
+        const U: &str = "org.freedesktop.systemd1.Unit";
+        const S: &str = "org.freedesktop.systemd1.Service";
+        Ok(UnitDetails {
+            active_state: self.property(unit, U, "ActiveState").await?,
+            result: self.property(unit, S, "Result").await?,
+            exec_main_code: self.property(unit, S, "ExecMainCode").await?,
+            exec_main_status: self.property(unit, S, "ExecMainStatus").await?,
+            main_pid: self.property(unit, S, "MainPID").await?,
+            invocation_id: self
+                .property::<Vec<u8>>(unit, U, "InvocationID")
+                .await?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        })
+    }
+
+    /// The JobType of a job (start, stop, restart, …), if it still exists.
+    pub async fn job_type(&self, job: &str) -> Option<String> {
+        let value: OwnedVariant = self
+            .call(
+                job,
+                "org.freedesktop.DBus.Properties",
+                "Get",
+                &("org.freedesktop.systemd1.Job", "JobType"),
+            )
+            .await
+            .ok()?;
+        String::try_from(value).ok()
+    }
+
+    /// Unit state changes and new jobs, as they happen. A task drains the
+    /// stream into an unbounded channel at once, so that a slow consumer
+    /// never stalls the connection (an unpolled stream blocks every later
+    /// call on it).
+    pub async fn watch(&self) -> Result<tokio::sync::mpsc::UnboundedReceiver<Change>, SystemdError> {
+        let mut changed = MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface("org.freedesktop.DBus.Properties")
+            .member("PropertiesChanged")
+            .path_namespace("/org/freedesktop/systemd1/unit");
+        let mut jobs = MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface("org.freedesktop.systemd1.Manager")
+            .member("JobNew");
+        if self.conn.is_bus() {
+            changed = changed.sender(SYSTEMD);
+            jobs = jobs.sender(SYSTEMD);
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for rule in [changed, jobs] {
+            let rule = rule.build().map_err(|e| error("match", "unit changes", e))?;
+            let mut stream =
+                MessageStream::for_match_rule(rule, &self.conn, std::num::NonZeroUsize::new(1024))
+                    .await
+                    .map_err(|e| error("listen for", "unit changes", e))?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(message)) = stream.next().await {
+                    let header = message.header();
+                    let change = match header.member().map(|m| m.as_str()) {
+                        Some("JobNew") => message
+                            .body()
+                            .deserialize::<(u32, OwnedObjectPath, String)>()
+                            .ok()
+                            .map(|(_, job, unit)| Change::JobNew {
+                                job: job.as_str().into(),
+                                unit,
+                            }),
+                        _ => header.path().map(|p| Change::Properties {
+                            unit: unit_from_path(p.as_str()),
+                        }),
+                    };
+                    if let Some(change) = change
+                        && tx.send(change).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+        Ok(rx)
+    }
+
     async fn load(&self, unit: &str) -> Result<OwnedObjectPath, SystemdError> {
         self.call(MANAGER_PATH, MANAGER, "LoadUnit", &(unit,))
             .await
             .map_err(|e| error("LoadUnit", unit, e))
     }
+}
+
+/// A unit's live state, for the supervisor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitDetails {
+    pub active_state: String,
+    pub result: String,
+    /// CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3); 0 before any exit.
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    pub main_pid: u32,
+    pub invocation_id: String,
+}
+
+/// Something that changed in the manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Properties { unit: String },
+    JobNew { job: String, unit: String },
+}
+
+/// `/org/freedesktop/systemd1/unit/berth_40web_2eservice` → `berth@web.service`
+/// (systemd escapes every byte outside `[A-Za-z0-9]` as `_XX`).
+pub fn unit_from_path(path: &str) -> String {
+    let escaped = path.rsplit('/').next().unwrap_or("");
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'_'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&escaped[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A queued job.
@@ -503,6 +630,18 @@ mod tests {
         }
         assert_eq!(jobs.slots.len(), DONE_CACHE);
         assert!(!jobs.slots.contains_key("/j/0"));
+    }
+
+    #[test]
+    fn unit_names_from_object_paths() {
+        assert_eq!(
+            unit_from_path("/org/freedesktop/systemd1/unit/berth_40web_2d1_2eservice"),
+            "berth@web-1.service"
+        );
+        assert_eq!(
+            unit_from_path("/org/freedesktop/systemd1/unit/dbus_2eservice"),
+            "dbus.service"
+        );
     }
 
     #[test]

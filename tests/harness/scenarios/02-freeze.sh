@@ -12,7 +12,7 @@ check_eq "autostart never ran" "inactive" "$(ct_prop berth-autostart.service Act
 check_eq "autostart has no start timestamp" "" "$(ct_prop berth-autostart.service ExecMainStartTimestamp)"
 check_contains "systemctl status names the condition" "ConditionKernelCommandLine=!berth.freeze" \
     "$(ct systemctl status berth-autostart.service --no-pager 2>&1 || true)"
-check_lacks "berth autostart did not run" "adopted " "$(ct journalctl -b --no-pager)"
+check_lacks "berth autostart did not run" "adopted " "$(ct journalctl -b -u berth-autostart.service --no-pager)"
 # Run by hand, berth autostart reads the flag the way systemd does (PID 1's
 # command line in a container) and says why it starts nothing.
 ct /usr/bin/berth autostart >/dev/null 2>&1 || true

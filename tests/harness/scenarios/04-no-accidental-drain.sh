@@ -44,7 +44,7 @@ out=$(ct systemctl restart berth-drain.service 2>&1) && rc=0 || rc=$?
 check_eq "systemctl restart berth-drain is refused (exit 4)" 4 "$rc"
 after_each "restart berth-drain"
 
-autostart_runs() { ct journalctl -b --no-pager | grep -c 'adopted [0-9]* running workloads (left untouched)' || true; }
+autostart_runs() { ct journalctl -b -u berth-autostart.service --no-pager | grep -c 'adopted [0-9]* running workloads (left untouched)' || true; }
 check_eq "autostart ran once at boot" 1 "$(autostart_runs)"
 
 for verb in stop restart; do

@@ -1,0 +1,327 @@
+//! `berth daemon`: the optional resident supervisor. It adopts the live
+//! workloads, notices exits as they happen (systemd's PropertiesChanged
+//! signals, no polling), records every transition with its cause, and keeps
+//! systemd's watchdog fed only while its loop runs. It never starts, stops
+//! or kills a workload.
+//!
+//! Transitions a helper made are recorded by that helper under the
+//! workload's lock, which it holds across the job; the supervisor never
+//! waits for a lock (a busy one defers to the next pass), and records only
+//! what nobody else did: `start-user`, `stop-user` (a start or stop job it
+//! saw for the unit) and `unexpected-exit` (an exit with no stop job), with
+//! systemd's Result, exit code or signal.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::time::{Duration, SystemTime};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+use crate::autostart::instance_of;
+use crate::config::{self, Loaded};
+use crate::freeze::rfc3339;
+use crate::paths::{DAEMON_RUNTIME_DIR, Root};
+use crate::records::{self, ExitCause};
+use crate::report::Events;
+use crate::systemd::{Change, Ops, Systemd, UnitDetails};
+
+/// `berth daemon --foreground` relaunches itself on this exit status; under
+/// systemd, `SuccessExitStatus=75` and `Restart=always` do.
+pub const EXIT_RELAUNCH: i32 = 75;
+
+/// How long a seen start or stop job explains a transition.
+const JOB_MEMORY: Duration = Duration::from_secs(120);
+
+pub struct Options {
+    pub reconcile_interval: Option<Duration>,
+}
+
+/// The single-instance lock, held for the life of the process.
+fn take_lock(root: &Root) -> Result<File, String> {
+    let dir = root.join(DAEMON_RUNTIME_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join("lock");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {
+            file.set_len(0).ok();
+            file.rewind().ok();
+            let _ = writeln!(file, "{}", std::process::id());
+            Ok(file)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            Err(format!(
+                "another berth daemon is running (pid {}, lock {}); not starting",
+                pid.trim(),
+                path.display()
+            ))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
+    }
+}
+
+pub fn main(options: Options) -> i32 {
+    let root = Root::from_env();
+    let _lock = match take_lock(&root) {
+        Ok(lock) => lock,
+        Err(msg) => {
+            eprintln!("berth daemon: {msg}");
+            return 1;
+        }
+    };
+    let Ok(rt) = crate::systemd::runtime() else {
+        eprintln!("berth daemon: cannot start the async runtime");
+        return 1;
+    };
+    rt.block_on(run(root, options))
+}
+
+struct Supervisor {
+    sd: Systemd,
+    root: Root,
+    loaded: Loaded,
+    events: Events,
+    /// unit → (job type, when seen)
+    jobs: HashMap<String, (String, Instant)>,
+    deferred: Vec<String>,
+    heartbeat: SystemTime,
+}
+
+async fn run(root: Root, options: Options) -> i32 {
+    let events = Events::new("berth-daemon");
+    let sd = match Systemd::connect().await {
+        Ok(sd) => sd,
+        Err(e) => {
+            eprintln!("berth daemon: cannot reach systemd: {e}");
+            return 1;
+        }
+    };
+    let mut changes = match sd.watch().await {
+        Ok(rx) => rx,
+        Err(e) => {
+            eprintln!("berth daemon: cannot watch the units: {e}");
+            return 1;
+        }
+    };
+    let loaded = config::load(&root);
+    let interval = options
+        .reconcile_interval
+        .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
+    let mut sup = Supervisor {
+        sd,
+        root,
+        loaded,
+        events,
+        jobs: HashMap::new(),
+        deferred: Vec::new(),
+        heartbeat: SystemTime::now(),
+    };
+
+    let running = sup.pass(true).await;
+    sup.events.emit(
+        log::Level::Info,
+        crate::autostart::MESSAGE_ID,
+        &[("BERTH_ADOPTED", running.to_string())],
+        &format!("adopted {running} running workloads (left untouched)"),
+    );
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("supervising {running} running workloads")),
+    ]);
+
+    let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
+    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    let mut reconcile_tick = tokio::time::interval(interval);
+    reconcile_tick.reset();
+    let (Ok(mut sigterm), Ok(mut sighup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+    else {
+        eprintln!("berth daemon: cannot install signal handlers");
+        return 1;
+    };
+    // Test hook, inert unless set: hang the loop so the watchdog fires.
+    let fault_hang = std::env::var("BERTH_DAEMON_FAULT").is_ok_and(|v| v == "hang");
+
+    loop {
+        tokio::select! {
+            Some(change) = changes.recv() => sup.on_change(change).await,
+            _ = reconcile_tick.tick() => {
+                let running = sup.pass(false).await;
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+                    "supervising {running} running workloads; last pass {}", rfc3339(sup.heartbeat)
+                ))]);
+            }
+            _ = watchdog_tick.tick() => {
+                if fault_hang {
+                    sup.events.warn("BERTH_DAEMON_FAULT=hang: the loop stops here (test hook)");
+                    loop { std::thread::sleep(Duration::from_secs(3600)); }
+                }
+                if watchdog.is_some() {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+            _ = sigterm.recv() => {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                return 0;
+            }
+            _ = sighup.recv() => {
+                let fresh = config::load(&sup.root);
+                if fresh.host.daemon != sup.loaded.host.daemon {
+                    sup.events.info("daemon settings changed: relaunching (exit 75)");
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                    return EXIT_RELAUNCH;
+                }
+                sup.loaded = fresh;
+                sup.events.info("reloaded the workload definitions");
+            }
+        }
+    }
+}
+
+impl Supervisor {
+    /// One scan of every workload unit; returns how many run.
+    async fn pass(&mut self, first: bool) -> usize {
+        let live = match self.sd.list_workloads().await {
+            Ok(live) => live,
+            Err(e) => {
+                self.events
+                    .warn(&format!("pass: cannot list the workload units: {e}"));
+                return 0;
+            }
+        };
+        let mut running = 0;
+        let mut names: Vec<String> = live.iter().filter_map(|u| instance_of(&u.name)).collect();
+        for w in &self.loaded.workloads {
+            if !names.contains(&w.name) {
+                names.push(w.name.clone());
+            }
+        }
+        for name in names {
+            if self.reconcile(&name, "scan", first).await {
+                running += 1;
+            }
+        }
+        self.heartbeat = SystemTime::now();
+        running
+    }
+
+    async fn on_change(&mut self, change: Change) {
+        match change {
+            Change::JobNew { job, unit } => {
+                if instance_of(&unit).is_some()
+                    && let Some(kind) = self.sd.job_type(&job).await
+                {
+                    self.jobs.insert(unit, (kind, Instant::now()));
+                }
+            }
+            Change::Properties { unit } => {
+                if let Some(name) = instance_of(&unit) {
+                    self.reconcile(&name, "signal", false).await;
+                }
+            }
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for name in deferred {
+            self.reconcile(&name, "scan", false).await;
+        }
+    }
+
+    /// Compares systemd's state of one workload with its record and records
+    /// the transition nobody else recorded. Returns whether it runs.
+    async fn reconcile(&mut self, name: &str, seen_by: &str, first: bool) -> bool {
+        let unit = config::unit_name(name);
+        let details = match self.sd.details(&unit).await {
+            Ok(d) => d,
+            Err(_) => UnitDetails {
+                active_state: "inactive".into(),
+                ..Default::default()
+            },
+        };
+        let state = match details.active_state.as_str() {
+            "active" | "reloading" => "running",
+            "failed" => "failed",
+            "inactive" => "stopped",
+            // activating, deactivating: mid-job; the settled state follows.
+            _ => return details.active_state == "deactivating",
+        };
+        let job = self
+            .jobs
+            .get(&unit)
+            .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
+            .map(|(kind, _)| kind.clone());
+        let now = rfc3339(SystemTime::now());
+        let events = &self.events;
+        let outcome = records::try_update(&self.root, name, |r| {
+            let is_running = state == "running";
+            let reason = match (r.state.as_str(), is_running) {
+                ("running", true) => return false,
+                ("unknown", true) if first => {
+                    r.state = "running".into();
+                    r.adopted_at = Some(now.clone());
+                    return false;
+                }
+                // Not running, and not running before (or never seen):
+                // only refine stopped vs failed.
+                (_, false) if r.state != "running" => {
+                    r.state = state.into();
+                    return false;
+                }
+                (_, true) => "start-user",
+                (_, false) if matches!(job.as_deref(), Some("stop" | "restart")) => "stop-user",
+                (_, false) => "unexpected-exit",
+            };
+            r.state = state.into();
+            r.last_transition_reason = reason.into();
+            r.detected_by = Some(seen_by.into());
+            if is_running {
+                r.exit_cause = None;
+            } else {
+                r.stopped_at = Some(now.clone());
+                r.exit_cause = Some(exit_cause(&details));
+            }
+            events.emit(
+                if reason == "unexpected-exit" {
+                    log::Level::Warn
+                } else {
+                    log::Level::Info
+                },
+                "",
+                &[
+                    ("BERTH_WORKLOAD", name.to_string()),
+                    ("BERTH_TRANSITION", reason.to_string()),
+                ],
+                &format!("{unit}: {reason} (result {}, seen by {seen_by})", details.result),
+            );
+            true
+        });
+        match outcome {
+            Ok(Some(_)) => {}
+            Ok(None) => self.deferred.push(name.to_string()),
+            Err(e) => self.events.warn(&format!("cannot record {name}: {e}")),
+        }
+        state == "running"
+    }
+}
+
+fn exit_cause(d: &UnitDetails) -> ExitCause {
+    ExitCause {
+        result: d.result.clone(),
+        code: match d.exec_main_code {
+            1 => "exited",
+            2 => "killed",
+            3 => "dumped",
+            _ => "none",
+        }
+        .into(),
+        status: d.exec_main_status,
+    }
+}
