@@ -183,6 +183,7 @@ fn record_start(
         r.detail = outcome.as_ref().err().cloned();
         r.code = None;
         r.detected_by = None;
+        r.exit_cause = None;
         true
     };
     let recorded = match &lock {

@@ -176,7 +176,12 @@ async fn run(root: Root, options: Options) -> i32 {
             _ = sighup.recv() => {
                 let fresh = config::load(&sup.root);
                 if fresh.host.daemon != sup.loaded.host.daemon {
-                    sup.events.info("daemon settings changed: relaunching (exit 75)");
+                    // New unit settings (WatchdogSec) come from the generator:
+                    // reload systemd first, then ask to be relaunched under them.
+                    if let Err(e) = sup.sd.reload().await {
+                        sup.events.warn(&format!("daemon settings changed, but systemd could not be reloaded: {e}"));
+                    }
+                    sup.events.info("daemon settings changed: systemd reloaded, relaunching (exit 75)");
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
                     return EXIT_RELAUNCH;
                 }
@@ -264,7 +269,9 @@ impl Supervisor {
             let is_running = state == "running";
             let reason = match (r.state.as_str(), is_running) {
                 ("running", true) => return false,
-                ("unknown", true) if first => {
+                // A start it did not see (first pass, a record rebuilt
+                // after corruption, a workload new to it): adopted.
+                ("unknown", true) if first || seen_by == "scan" => {
                     r.state = "running".into();
                     r.adopted_at = Some(now.clone());
                     return false;

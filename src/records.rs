@@ -148,7 +148,13 @@ pub fn update_locked(
         },
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
             let path = record_path(root, name);
-            let _ = fs::rename(&path, path.with_extension("json.corrupt"));
+            let aside = path.with_extension("json.corrupt");
+            let _ = fs::rename(&path, &aside);
+            eprintln!(
+                "berth: {}: corrupt record ({e}); kept as {} and rebuilt from systemd's live state",
+                path.display(),
+                aside.display()
+            );
             Record {
                 name: name.into(),
                 state: "unknown".into(),
@@ -157,11 +163,16 @@ pub fn update_locked(
         }
         Err(e) => return Err(e),
     };
+    let before = record.clone();
     if change(&mut record) {
         record.transition_generation += 1;
         record.last_transition_at = rfc3339(SystemTime::now());
     }
-    write_atomic(&record_path(root, name), &serde_json::to_vec_pretty(&record)?)?;
+    // Unchanged records are not rewritten: a supervisor pass over idle
+    // workloads writes nothing.
+    if record != before || !record_path(root, name).exists() {
+        write_atomic(&record_path(root, name), &serde_json::to_vec_pretty(&record)?)?;
+    }
     Ok(record)
 }
 

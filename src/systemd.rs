@@ -383,6 +383,13 @@ impl Systemd {
             .await
     }
 
+    /// `systemctl daemon-reload`: re-runs the generators and reloads units.
+    pub async fn reload(&self) -> Result<(), SystemdError> {
+        self.call(MANAGER_PATH, MANAGER, "Reload", &())
+            .await
+            .map_err(|e| error("Reload", "the manager", e))
+    }
+
     /// What the supervisor needs to know about a workload unit.
     pub async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
         const U: &str = "org.freedesktop.systemd1.Unit";

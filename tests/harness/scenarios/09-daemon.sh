@@ -98,7 +98,30 @@ check "and restarted it" wait_for 10 relaunched
 check_eq "workloads untouched by the watchdog restarts" "$before" "$(snapshot)"
 ct rm /run/systemd/system/berth-daemon.service.d/99-fault.conf
 ct systemctl daemon-reload
-ct systemctl restart berth-daemon.service
+# The hung loop cannot answer SIGTERM either: kill it rather than wait 90 s.
+ct systemctl kill -s KILL berth-daemon.service
+check "the daemon comes back" wait_for 10 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth-daemon.service)\" = active ]"
+
+# 5 (issue test 5). A corrupt record is moved aside and rebuilt.
+echo '{garbage' >"$CT_DIR/state/records/a.json"
+check "the corrupt record is quarantined within a pass" wait_for 8 test -f "$CT_DIR/state/records/a.json.corrupt"
+check_eq "... and rebuilt from the live state" "running" "$(field a "r['state']")"
+check_eq "the daemon keeps running" "active" "$(ct_prop berth-daemon.service ActiveState)"
+
+# 6. A change of watchdog_s: SIGHUP, systemd reloaded, exit 75, relaunched
+# under the new WatchdogSec, never marked failed.
+pid=$(ct_prop berth-daemon.service MainPID)
+printf '[daemon]\nwatchdog_s = 7\n' >"$CT_DIR/etc-berth/berth.toml"
+ct systemctl kill -s HUP berth-daemon.service
+relaunched() {
+    local now
+    now=$(ct_prop berth-daemon.service MainPID)
+    [ "$now" != 0 ] && [ "$now" != "$pid" ] && [ "$(ct_prop berth-daemon.service ActiveState)" = active ]
+}
+check "relaunched after exit 75" wait_for 10 relaunched
+check_eq "under the new WatchdogSec" "7s" "$(ct_prop berth-daemon.service WatchdogUSec)"
+check_eq "never marked failed" "active success" "$(ct_prop berth-daemon.service ActiveState) $(ct_prop berth-daemon.service Result)"
+check_contains "exit 75 logged as a success" "Deactivated successfully" "$(ct journalctl -u berth-daemon.service --no-pager | tail -n 20)"
 
 # berth list / inspect show the same data.
 check_contains "berth list shows the workloads" "unexpected-exit" "$(ct /usr/bin/berth list)"
