@@ -54,6 +54,9 @@ enum Verb {
         /// Seconds between reconcile passes (default: [daemon] reconcile_interval_s).
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
         reconcile_interval: Option<u64>,
+        /// Serve no read-only API socket.
+        #[arg(long)]
+        no_api: bool,
     },
     /// List the workloads: live state from systemd and the records.
     List {
@@ -94,9 +97,11 @@ pub fn main() -> i32 {
         Verb::Daemon {
             foreground,
             reconcile_interval,
+            no_api,
         } => {
             let options = || crate::daemon::Options {
                 reconcile_interval: reconcile_interval.map(Duration::from_secs),
+                no_api,
             };
             loop {
                 let rc = crate::daemon::main(options());

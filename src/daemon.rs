@@ -19,6 +19,9 @@ use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
+use crate::api::{self, Shared, WorkloadView};
 use crate::autostart::instance_of;
 use crate::config::{self, Loaded};
 use crate::freeze::rfc3339;
@@ -36,6 +39,8 @@ const JOB_MEMORY: Duration = Duration::from_secs(120);
 
 pub struct Options {
     pub reconcile_interval: Option<Duration>,
+    /// No API socket, whatever `[daemon] api` says.
+    pub no_api: bool,
 }
 
 /// The single-instance lock, held for the life of the process.
@@ -95,6 +100,7 @@ struct Supervisor {
     jobs: HashMap<String, (String, Instant)>,
     deferred: Vec<String>,
     heartbeat: SystemTime,
+    api: Option<Arc<Shared>>,
 }
 
 async fn run(root: Root, options: Options) -> i32 {
@@ -117,6 +123,19 @@ async fn run(root: Root, options: Options) -> i32 {
     let interval = options
         .reconcile_interval
         .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
+    let socket = root.join(&loaded.host.daemon.socket.to_string_lossy());
+    let api = if loaded.host.daemon.api && !options.no_api {
+        let shared = Shared::new(interval * 3 + Duration::from_secs(5));
+        match api::start(&socket, shared.clone()) {
+            Ok(()) => Some(shared),
+            Err(e) => {
+                events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut sup = Supervisor {
         sd,
         root,
@@ -125,6 +144,7 @@ async fn run(root: Root, options: Options) -> i32 {
         jobs: HashMap::new(),
         deferred: Vec::new(),
         heartbeat: SystemTime::now(),
+        api,
     };
 
     let running = sup.pass(true).await;
@@ -171,6 +191,7 @@ async fn run(root: Root, options: Options) -> i32 {
             }
             _ = sigterm.recv() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                api::stop(&socket);
                 return 0;
             }
             _ = sighup.recv() => {
@@ -183,6 +204,7 @@ async fn run(root: Root, options: Options) -> i32 {
                     }
                     sup.events.info("daemon settings changed: systemd reloaded, relaunching (exit 75)");
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                    api::stop(&socket);
                     return EXIT_RELAUNCH;
                 }
                 sup.loaded = fresh;
@@ -200,6 +222,9 @@ impl Supervisor {
             Err(e) => {
                 self.events
                     .warn(&format!("pass: cannot list the workload units: {e}"));
+                if let Some(api) = &self.api {
+                    *api.systemd_ok.lock().expect("api state") = false;
+                }
                 return 0;
             }
         };
@@ -216,6 +241,10 @@ impl Supervisor {
             }
         }
         self.heartbeat = SystemTime::now();
+        if let Some(api) = &self.api {
+            *api.systemd_ok.lock().expect("api state") = true;
+            *api.heartbeat.lock().expect("api state") = Some(self.heartbeat);
+        }
         running
     }
 
@@ -310,10 +339,26 @@ impl Supervisor {
             );
             true
         });
-        match outcome {
-            Ok(Some(_)) => {}
-            Ok(None) => self.deferred.push(name.to_string()),
-            Err(e) => self.events.warn(&format!("cannot record {name}: {e}")),
+        let record = match outcome {
+            Ok(Some(record)) => Some(record),
+            Ok(None) => {
+                self.deferred.push(name.to_string());
+                records::load(&self.root, name).ok().flatten()
+            }
+            Err(e) => {
+                self.events.warn(&format!("cannot record {name}: {e}"));
+                None
+            }
+        };
+        if let Some(api) = &self.api {
+            api.publish(WorkloadView {
+                name: name.to_string(),
+                unit: unit.clone(),
+                active_state: details.active_state.clone(),
+                main_pid: details.main_pid,
+                invocation_id: details.invocation_id.clone(),
+                record,
+            });
         }
         state == "running"
     }

@@ -5,6 +5,7 @@
 //! budgets) → `render` (unit text, the one escaper) → `generator` (writes
 //! it). The `berth` binary's verbs live in `cli`.
 
+pub mod api;
 pub mod autostart;
 pub mod cli;
 pub mod config;
