@@ -101,6 +101,13 @@ struct Supervisor {
     deferred: Vec<String>,
     heartbeat: SystemTime,
     api: Option<Arc<Shared>>,
+    /// ActiveState per workload at the last look: a pass looks closer only
+    /// at what changed, so an idle pass is one D-Bus call.
+    seen: HashMap<String, String>,
+    /// Workloads whose MainPID and InvocationID the API still lacks; filled
+    /// a few at a time after READY, so adoption of many is quick.
+    fill: std::collections::VecDeque<String>,
+    record_mtimes: HashMap<String, Option<SystemTime>>,
 }
 
 async fn run(root: Root, options: Options) -> i32 {
@@ -145,6 +152,9 @@ async fn run(root: Root, options: Options) -> i32 {
         deferred: Vec::new(),
         heartbeat: SystemTime::now(),
         api,
+        seen: HashMap::new(),
+        fill: std::collections::VecDeque::new(),
+        record_mtimes: HashMap::new(),
     };
 
     let running = sup.pass(true).await;
@@ -162,6 +172,7 @@ async fn run(root: Root, options: Options) -> i32 {
     let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     let mut reconcile_tick = tokio::time::interval(interval);
+    let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
     reconcile_tick.reset();
     let (Ok(mut sigterm), Ok(mut sighup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
     else {
@@ -174,6 +185,7 @@ async fn run(root: Root, options: Options) -> i32 {
     loop {
         tokio::select! {
             Some(change) = changes.recv() => sup.on_change(change).await,
+            _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
             _ = reconcile_tick.tick() => {
                 let running = sup.pass(false).await;
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
@@ -229,16 +241,34 @@ impl Supervisor {
             }
         };
         let mut running = 0;
-        let mut names: Vec<String> = live.iter().filter_map(|u| instance_of(&u.name)).collect();
+        let mut states: Vec<(String, String)> = live
+            .iter()
+            .filter_map(|u| instance_of(&u.name).map(|n| (n, u.active_state.clone())))
+            .collect();
         for w in &self.loaded.workloads {
-            if !names.contains(&w.name) {
-                names.push(w.name.clone());
+            if !states.iter().any(|(n, _)| *n == w.name) {
+                states.push((w.name.clone(), "inactive".into()));
             }
         }
-        for name in names {
-            if self.reconcile(&name, "scan", first).await {
+        for (name, active) in states {
+            // A record rewritten behind its back (a helper, an admin, a
+            // corrupted file) is looked at again too: a stat per workload.
+            let mtime = std::fs::metadata(records::record_path(&self.root, &name))
+                .and_then(|m| m.modified())
+                .ok();
+            let touched = self.record_mtimes.get(&name) != Some(&mtime);
+            let changed = self.seen.get(&name) != Some(&active);
+            if first || changed || touched {
+                self.reconcile(&name, "scan", first, Some(active.clone())).await;
+            }
+            if active == "active" || active == "reloading" {
                 running += 1;
             }
+            let mtime = std::fs::metadata(records::record_path(&self.root, &name))
+                .and_then(|m| m.modified())
+                .ok();
+            self.record_mtimes.insert(name.clone(), mtime);
+            self.seen.insert(name, active);
         }
         self.heartbeat = SystemTime::now();
         if let Some(api) = &self.api {
@@ -259,26 +289,28 @@ impl Supervisor {
             }
             Change::Properties { unit } => {
                 if let Some(name) = instance_of(&unit) {
-                    self.reconcile(&name, "signal", false).await;
+                    self.reconcile(&name, "signal", false, None).await;
                 }
             }
         }
         let deferred = std::mem::take(&mut self.deferred);
         for name in deferred {
-            self.reconcile(&name, "scan", false).await;
+            self.reconcile(&name, "scan", false, None).await;
         }
     }
 
     /// Compares systemd's state of one workload with its record and records
     /// the transition nobody else recorded. Returns whether it runs.
-    async fn reconcile(&mut self, name: &str, seen_by: &str, first: bool) -> bool {
+    async fn reconcile(&mut self, name: &str, seen_by: &str, first: bool, known: Option<String>) -> bool {
         let unit = config::unit_name(name);
-        let details = match self.sd.details(&unit).await {
-            Ok(d) => d,
-            Err(_) => UnitDetails {
-                active_state: "inactive".into(),
+        // From a pass the ActiveState is known: details (exit cause, pid)
+        // are fetched only when a transition is to be recorded.
+        let mut details = match known {
+            Some(active_state) => UnitDetails {
+                active_state,
                 ..Default::default()
             },
+            None => self.details(&unit).await,
         };
         let state = match details.active_state.as_str() {
             "active" | "reloading" => "running",
@@ -287,6 +319,14 @@ impl Supervisor {
             // activating, deactivating: mid-job; the settled state follows.
             _ => return details.active_state == "deactivating",
         };
+        let recorded = records::load(&self.root, name).ok().flatten();
+        let was_running = recorded.as_ref().is_some_and(|r| r.state == "running");
+        if (state == "running") != was_running && details.invocation_id.is_empty() {
+            details = self.details(&unit).await;
+        } else if details.invocation_id.is_empty() && self.api.is_some() {
+            self.fill.push_back(name.to_string());
+        }
+        self.seen.insert(name.to_string(), details.active_state.clone());
         let job = self
             .jobs
             .get(&unit)
@@ -361,6 +401,31 @@ impl Supervisor {
             });
         }
         state == "running"
+    }
+}
+
+impl Supervisor {
+    async fn details(&self, unit: &str) -> UnitDetails {
+        self.sd.details(unit).await.unwrap_or_else(|_| UnitDetails {
+            active_state: "inactive".into(),
+            ..Default::default()
+        })
+    }
+
+    /// Completes one workload's API view with its MainPID and InvocationID.
+    async fn fill_one(&mut self) {
+        let Some(name) = self.fill.pop_front() else { return };
+        let Some(api) = &self.api else { return };
+        let details = self.details(&config::unit_name(&name)).await;
+        let record = records::load(&self.root, &name).ok().flatten();
+        api.publish(WorkloadView {
+            name: name.clone(),
+            unit: config::unit_name(&name),
+            active_state: details.active_state,
+            main_pid: details.main_pid,
+            invocation_id: details.invocation_id,
+            record,
+        });
     }
 }
 
