@@ -109,6 +109,7 @@ demo: deps
 bench: all
 	bench/generator.sh
 	bench/helpers.sh
+	bench/daemon.sh
 
 clean:
 	$(CARGO) clean

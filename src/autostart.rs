@@ -184,6 +184,7 @@ fn record_start(
         r.code = None;
         r.detected_by = None;
         r.exit_cause = None;
+        r.definition = Some(crate::render::definition_fingerprint(root, w));
         true
     };
     let recorded = match &lock {

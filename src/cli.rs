@@ -57,6 +57,9 @@ enum Verb {
         /// Serve no read-only API socket.
         #[arg(long)]
         no_api: bool,
+        /// Seconds between sweeps of records of workloads gone from config and systemd (0: never).
+        #[arg(long, value_name = "SECONDS")]
+        gc_interval: Option<u64>,
     },
     /// List the workloads: live state from systemd and the records.
     List {
@@ -98,10 +101,12 @@ pub fn main() -> i32 {
             foreground,
             reconcile_interval,
             no_api,
+            gc_interval,
         } => {
             let options = || crate::daemon::Options {
                 reconcile_interval: reconcile_interval.map(Duration::from_secs),
                 no_api,
+                gc_interval: gc_interval.map(Duration::from_secs),
             };
             loop {
                 let rc = crate::daemon::main(options());
@@ -423,6 +428,7 @@ fn list(only: Option<String>, json: bool) -> i32 {
             "active_state": details.map(|d| d.active_state.clone()).unwrap_or_else(|| if live.is_some() { "inactive".into() } else { "unknown".into() }),
             "main_pid": details.map(|d| d.main_pid),
             "invocation_id": details.map(|d| d.invocation_id.clone()),
+            "restart_pending": restart_pending(&root, &loaded, name, details, record.as_ref()),
             "record": record,
         }));
     }
@@ -437,6 +443,14 @@ fn list(only: Option<String>, json: bool) -> i32 {
     }
     if live.is_none() {
         println!("(systemd not reachable: live state unknown)");
+    }
+    for r in &rows {
+        if r["restart_pending"] == true {
+            println!(
+                "note: {} runs an older definition; it applies at its next start (restart pending)",
+                r["unit"].as_str().unwrap_or("")
+            );
+        }
     }
     println!(
         "{:<24} {:<10} {:>8} {:>4}  {:<16} AT",
@@ -464,4 +478,24 @@ fn list(only: Option<String>, json: bool) -> i32 {
         }
     }
     0
+}
+
+/// A running workload whose definition changed since it started: the
+/// change applies at its next start.
+fn restart_pending(
+    root: &Root,
+    loaded: &Loaded,
+    name: &str,
+    details: Option<&crate::systemd::UnitDetails>,
+    record: Option<&crate::records::Record>,
+) -> bool {
+    let running = details.is_some_and(|d| d.active_state == "active");
+    match (
+        running,
+        loaded.workload(name),
+        record.and_then(|r| r.definition.as_deref()),
+    ) {
+        (true, Some(w), Some(started_with)) => crate::render::definition_fingerprint(root, w) != started_with,
+        _ => false,
+    }
 }

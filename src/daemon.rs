@@ -41,6 +41,9 @@ pub struct Options {
     pub reconcile_interval: Option<Duration>,
     /// No API socket, whatever `[daemon] api` says.
     pub no_api: bool,
+    /// Seconds between sweeps of records of workloads that are neither
+    /// configured nor loaded (default: `[daemon] gc_interval_s`; 0: never).
+    pub gc_interval: Option<Duration>,
 }
 
 /// The single-instance lock, held for the life of the process.
@@ -108,6 +111,8 @@ struct Supervisor {
     /// a few at a time after READY, so adoption of many is quick.
     fill: std::collections::VecDeque<String>,
     record_mtimes: HashMap<String, Option<SystemTime>>,
+    /// Workloads configured or loaded at the last pass.
+    live_names: std::collections::BTreeSet<String>,
 }
 
 async fn run(root: Root, options: Options) -> i32 {
@@ -155,6 +160,7 @@ async fn run(root: Root, options: Options) -> i32 {
         seen: HashMap::new(),
         fill: std::collections::VecDeque::new(),
         record_mtimes: HashMap::new(),
+        live_names: Default::default(),
     };
 
     let running = sup.pass(true).await;
@@ -164,6 +170,7 @@ async fn run(root: Root, options: Options) -> i32 {
         &[("BERTH_ADOPTED", running.to_string())],
         &format!("adopted {running} running workloads (left untouched)"),
     );
+    sup.log_health();
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&format!("supervising {running} running workloads")),
@@ -173,6 +180,15 @@ async fn run(root: Root, options: Options) -> i32 {
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     let mut reconcile_tick = tokio::time::interval(interval);
     let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
+    let gc_every = options
+        .gc_interval
+        .unwrap_or(Duration::from_secs(sup.loaded.host.daemon.gc_interval_s));
+    let mut gc_tick = tokio::time::interval(if gc_every.is_zero() {
+        Duration::from_secs(86_400)
+    } else {
+        gc_every
+    });
+    gc_tick.reset();
     reconcile_tick.reset();
     let (Ok(mut sigterm), Ok(mut sighup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
     else {
@@ -186,6 +202,7 @@ async fn run(root: Root, options: Options) -> i32 {
         tokio::select! {
             Some(change) = changes.recv() => sup.on_change(change).await,
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
+            _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
                 let running = sup.pass(false).await;
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
@@ -250,6 +267,7 @@ impl Supervisor {
                 states.push((w.name.clone(), "inactive".into()));
             }
         }
+        self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
         for (name, active) in states {
             // A record rewritten behind its back (a helper, an admin, a
             // corrupted file) is looked at again too: a stat per workload.
@@ -271,6 +289,21 @@ impl Supervisor {
             self.seen.insert(name, active);
         }
         self.heartbeat = SystemTime::now();
+        self.seen.retain(|name, _| self.live_names.contains(name));
+        if let Some(api) = &self.api {
+            let gone: Vec<String> = api
+                .workloads
+                .lock()
+                .expect("api state")
+                .keys()
+                .filter(|n| !self.live_names.contains(*n))
+                .cloned()
+                .collect();
+            for name in gone {
+                api.remove(&name);
+            }
+        }
+        self.write_status(running);
         if let Some(api) = &self.api {
             *api.systemd_ok.lock().expect("api state") = true;
             *api.heartbeat.lock().expect("api state") = Some(self.heartbeat);
@@ -333,11 +366,27 @@ impl Supervisor {
             .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
             .map(|(kind, _)| kind.clone());
         let now = rfc3339(SystemTime::now());
+        // The definition on disk now (a daemon-reload may have brought a
+        // new one since this daemon read its config), read only when a
+        // start is recorded.
+        let root = self.root.clone();
+        let definition =
+            || config::load_workload(&root, name).map(|w| crate::render::definition_fingerprint(&root, &w));
         let events = &self.events;
         let outcome = records::try_update(&self.root, name, |r| {
             let is_running = state == "running";
+            let current = Some(details.invocation_id.clone()).filter(|i| !i.is_empty());
             let reason = match (r.state.as_str(), is_running) {
-                ("running", true) => return false,
+                // Running before and now: a new invocation is a restart
+                // someone else made; otherwise only note the invocation.
+                ("running", true) => match (&r.invocation_id, &current) {
+                    (Some(old), Some(new)) if old != new => "start-user",
+                    (None, Some(_)) => {
+                        r.invocation_id = current;
+                        return false;
+                    }
+                    _ => return false,
+                },
                 // A start it did not see (first pass, a record rebuilt
                 // after corruption, a workload new to it): adopted.
                 ("unknown", true) if first || seen_by == "scan" => {
@@ -360,6 +409,8 @@ impl Supervisor {
             r.detected_by = Some(seen_by.into());
             if is_running {
                 r.exit_cause = None;
+                r.definition = definition();
+                r.invocation_id = current.clone();
             } else {
                 r.stopped_at = Some(now.clone());
                 r.exit_cause = Some(exit_cause(&details));
@@ -391,12 +442,21 @@ impl Supervisor {
             }
         };
         if let Some(api) = &self.api {
+            // Without fresh details, keep what the view already knows of
+            // the same running instance rather than publish blanks.
+            let (mut main_pid, mut invocation_id) = (details.main_pid, details.invocation_id.clone());
+            if invocation_id.is_empty()
+                && let Some(old) = api.workloads.lock().expect("api state").get(name)
+                && old.active_state == details.active_state
+            {
+                (main_pid, invocation_id) = (old.main_pid, old.invocation_id.clone());
+            }
             api.publish(WorkloadView {
                 name: name.to_string(),
                 unit: unit.clone(),
                 active_state: details.active_state.clone(),
-                main_pid: details.main_pid,
-                invocation_id: details.invocation_id.clone(),
+                main_pid,
+                invocation_id,
                 record,
             });
         }
@@ -405,6 +465,93 @@ impl Supervisor {
 }
 
 impl Supervisor {
+    fn failed(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|(_, s)| *s == "failed")
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// One health aggregate: healthy, or degraded with the failed workloads
+    /// and those it could not converge (records it could not lock) listed
+    /// apart.
+    fn health(&self) -> (&'static str, Vec<String>, Vec<String>) {
+        let failed = self.failed();
+        let unconverged = self.deferred.clone();
+        let status = if failed.is_empty() && unconverged.is_empty() {
+            "healthy"
+        } else {
+            "degraded"
+        };
+        (status, failed, unconverged)
+    }
+
+    fn log_health(&self) {
+        let (status, failed, unconverged) = self.health();
+        self.events.emit(
+            if status == "healthy" {
+                log::Level::Info
+            } else {
+                log::Level::Warn
+            },
+            "",
+            &[
+                ("BERTH_HEALTH", status.to_string()),
+                ("BERTH_FAILED", failed.join(" ")),
+                ("BERTH_UNCONVERGED", unconverged.join(" ")),
+            ],
+            &format!(
+                "daemon.{status}: {} failed [{}], {} not converged [{}]",
+                failed.len(),
+                failed.join(" "),
+                unconverged.len(),
+                unconverged.join(" ")
+            ),
+        );
+    }
+
+    /// `/run/berthd/status.json`: the heartbeat (its timestamp advances
+    /// every pass) and the health aggregate, for `berth status`.
+    fn write_status(&self, running: usize) {
+        let (status, failed, unconverged) = self.health();
+        let doc = serde_json::json!({
+            "pid": std::process::id(),
+            "heartbeat_at": rfc3339(self.heartbeat),
+            "health": status,
+            "running": running,
+            "failed": failed,
+            "unconverged": unconverged,
+        });
+        let path = self.root.join(DAEMON_RUNTIME_DIR).join("status.json");
+        let _ = std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap_or_default());
+    }
+
+    /// Removes the records of workloads neither configured nor loaded.
+    /// Quarantined (`.corrupt`) records are kept for inspection.
+    fn sweep(&mut self) {
+        let Ok(entries) = std::fs::read_dir(records::records_dir(&self.root)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let Some(name) = file.strip_suffix(".json") else {
+                continue;
+            };
+            if name.starts_with('.') || self.live_names.contains(name) {
+                continue;
+            }
+            if let Ok(lock) = records::lock(&self.root, name)
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                drop(lock);
+                self.events.info(&format!(
+                    "swept the record of {name}: neither configured nor loaded"
+                ));
+            }
+        }
+    }
+
     async fn details(&self, unit: &str) -> UnitDetails {
         self.sd.details(unit).await.unwrap_or_else(|_| UnitDetails {
             active_state: "inactive".into(),

@@ -44,6 +44,14 @@ pub struct Record {
     /// happened while the supervisor was down): dated at detection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detected_by: Option<String>,
+    /// Fingerprint of the definition the running instance was started
+    /// with; a different current one means a restart is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<String>,
+    /// systemd's InvocationID of the running instance, once seen: a new one
+    /// means it was restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
 }
 
 /// The exit as systemd recorded it for the service.

@@ -257,6 +257,17 @@ pub fn daemon_drop_in(root: &Root, loaded: &Loaded) -> String {
     )
 }
 
+/// A stable fingerprint (FNV-1a, 64 bits) of what the generator writes for
+/// a workload: equal as long as its unit would run the same way.
+pub fn definition_fingerprint(root: &Root, w: &Workload) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in workload_drop_in(root, w).bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
 /// Everything the generator writes for this config, in a stable order.
 pub fn render_all(root: &Root, loaded: &Loaded) -> Vec<OutputFile> {
     let mut files = Vec::with_capacity(loaded.workloads.len() + 3);

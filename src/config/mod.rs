@@ -136,6 +136,15 @@ fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
     }
 }
 
+/// One workload's current definition, reading only its file and the host
+/// files (what the supervisor needs on a transition).
+pub fn load_workload(root: &Root, name: &str) -> Option<Workload> {
+    let path = source::find_workload(root, name)?;
+    let host = source::discover_host(root);
+    let (host, _) = host::load(&host.host_files, Manager::System);
+    workload::load(name, &path, &host).ok()
+}
+
 /// Loads one workload by name the way the generator would, for the
 /// template's fallback message and for helpers that need one definition.
 pub fn load_one(root: &Root, name: &str) -> Result<Workload, Vec<ConfigError>> {

@@ -30,30 +30,8 @@ pub struct Discovered {
 }
 
 pub fn discover(root: &Root) -> Discovered {
-    let mut found = Discovered::default();
+    let mut found = discover_host(root);
     let dirs: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| root.join(d)).collect();
-
-    for dir in &dirs {
-        let path = dir.join(HOST_FILE);
-        match entry_state(&path) {
-            Entry::Missing => continue,
-            Entry::Masked => break,
-            Entry::File => {
-                found.host_files.push(path);
-                break;
-            }
-            Entry::Unreadable(e) => {
-                found.host_errors.push(ConfigError::file(&path, e));
-                break;
-            }
-        }
-    }
-
-    let (fragments, _) = winners(
-        &dirs.iter().map(|d| d.join(HOST_FRAGMENT_DIR)).collect::<Vec<_>>(),
-        &mut found.host_errors,
-    );
-    found.host_files.extend(fragments.into_values());
 
     let (workloads, masked) = winners(
         &dirs.iter().map(|d| d.join(WORKLOAD_DIR)).collect::<Vec<_>>(),
@@ -82,6 +60,48 @@ pub fn discover(root: &Root) -> Discovered {
 
 /// Device number of /dev/null (major 1, minor 3).
 const DEV_NULL: u64 = (1 << 8) | 3;
+
+/// The host files only.
+pub fn discover_host(root: &Root) -> Discovered {
+    let mut found = Discovered::default();
+    let dirs: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| root.join(d)).collect();
+    for dir in &dirs {
+        let path = dir.join(HOST_FILE);
+        match entry_state(&path) {
+            Entry::Missing => continue,
+            Entry::Masked => break,
+            Entry::File => {
+                found.host_files.push(path);
+                break;
+            }
+            Entry::Unreadable(e) => {
+                found.host_errors.push(ConfigError::file(&path, e));
+                break;
+            }
+        }
+    }
+
+    let (fragments, _) = winners(
+        &dirs.iter().map(|d| d.join(HOST_FRAGMENT_DIR)).collect::<Vec<_>>(),
+        &mut found.host_errors,
+    );
+    found.host_files.extend(fragments.into_values());
+
+    found
+}
+
+/// The winning file of one workload, without listing every directory.
+pub fn find_workload(root: &Root, name: &str) -> Option<PathBuf> {
+    for dir in CONFIG_DIRS {
+        let path = root.join(dir).join(WORKLOAD_DIR).join(format!("{name}.toml"));
+        match entry_state(&path) {
+            Entry::Missing => continue,
+            Entry::File => return Some(path),
+            Entry::Masked | Entry::Unreadable(_) => return None,
+        }
+    }
+    None
+}
 
 enum Entry {
     Missing,
