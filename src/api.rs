@@ -50,6 +50,8 @@ pub struct Shared {
     pub heartbeat: Mutex<Option<SystemTime>>,
     pub systemd_ok: Mutex<bool>,
     pub events: broadcast::Sender<Event>,
+    /// The supervisor's health aggregate: status, failed, not converged.
+    pub health: Mutex<(&'static str, Vec<String>, Vec<String>)>,
     /// A pass older than this is a stalled loop.
     pub stale_after: Duration,
 }
@@ -62,6 +64,7 @@ impl Shared {
             heartbeat: Mutex::new(None),
             systemd_ok: Mutex::new(false),
             events,
+            health: Mutex::new(("healthy", Vec::new(), Vec::new())),
             stale_after,
         })
     }
@@ -93,20 +96,13 @@ impl Shared {
         let systemd_ok = *self.systemd_ok.lock().expect("api state");
         let age = heartbeat.and_then(|h| SystemTime::now().duration_since(h).ok());
         let fresh = age.is_some_and(|a| a <= self.stale_after);
-        let failed: Vec<String> = self
-            .workloads
-            .lock()
-            .expect("api state")
-            .values()
-            .filter(|w| w.active_state == "failed")
-            .map(|w| w.name.clone())
-            .collect();
+        // The same aggregate as the journal event and the status file;
+        // only a stalled loop or an unlistable systemd makes it a 503.
+        let (aggregate, failed, unconverged) = self.health.lock().expect("api state").clone();
         let status = if !fresh || !systemd_ok {
             "unhealthy"
-        } else if failed.is_empty() {
-            "healthy"
         } else {
-            "degraded"
+            aggregate
         };
         let code = if status == "unhealthy" { 503 } else { 200 };
         (
@@ -116,8 +112,9 @@ impl Shared {
                 "loop_fresh": fresh,
                 "systemd_scanned": systemd_ok,
                 "last_pass_age_ms": age.map(|a| a.as_millis() as u64),
-                "degraded": failed.len(),
+                "degraded": failed.len() + unconverged.len(),
                 "failed_workloads": failed,
+                "unconverged_workloads": unconverged,
             }),
         )
     }

@@ -185,6 +185,8 @@ fn record_start(
         r.detected_by = None;
         r.exit_cause = None;
         r.definition = Some(crate::render::definition_fingerprint(root, w));
+        // A new instance: the supervisor notes its InvocationID.
+        r.invocation_id = None;
         true
     };
     let recorded = match &lock {

@@ -58,7 +58,7 @@ enum Verb {
         #[arg(long)]
         no_api: bool,
         /// Seconds between sweeps of records of workloads gone from config and systemd (0: never).
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
         gc_interval: Option<u64>,
     },
     /// List the workloads: live state from systemd and the records.

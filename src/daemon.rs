@@ -225,6 +225,15 @@ async fn run(root: Root, options: Options) -> i32 {
             }
             _ = sighup.recv() => {
                 let fresh = config::load(&sup.root);
+                // A package upgrade replaced the binary under us.
+                let new_binary = std::fs::read_link("/proc/self/exe")
+                    .is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"));
+                if new_binary {
+                    sup.events.info("the berth binary was replaced: relaunching (exit 75)");
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                    api::stop(&socket);
+                    return EXIT_RELAUNCH;
+                }
                 if fresh.host.daemon != sup.loaded.host.daemon {
                     // New unit settings (WatchdogSec) come from the generator:
                     // reload systemd first, then ask to be relaunched under them.
@@ -268,6 +277,9 @@ impl Supervisor {
             }
         }
         self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
+        // What a busy lock deferred is looked at again now.
+        let deferred: std::collections::BTreeSet<String> =
+            std::mem::take(&mut self.deferred).into_iter().collect();
         for (name, active) in states {
             // A record rewritten behind its back (a helper, an admin, a
             // corrupted file) is looked at again too: a stat per workload.
@@ -276,7 +288,7 @@ impl Supervisor {
                 .ok();
             let touched = self.record_mtimes.get(&name) != Some(&mtime);
             let changed = self.seen.get(&name) != Some(&active);
-            if first || changed || touched {
+            if first || changed || touched || deferred.contains(&name) {
                 self.reconcile(&name, "scan", first, Some(active.clone())).await;
             }
             if active == "active" || active == "reloading" {
@@ -414,6 +426,7 @@ impl Supervisor {
             } else {
                 r.stopped_at = Some(now.clone());
                 r.exit_cause = Some(exit_cause(&details));
+                r.invocation_id = None;
             }
             events.emit(
                 if reason == "unexpected-exit" {
@@ -466,11 +479,14 @@ impl Supervisor {
 
 impl Supervisor {
     fn failed(&self) -> Vec<String> {
-        self.seen
+        let mut failed: Vec<String> = self
+            .seen
             .iter()
             .filter(|(_, s)| *s == "failed")
             .map(|(n, _)| n.clone())
-            .collect()
+            .collect();
+        failed.sort();
+        failed
     }
 
     /// One health aggregate: healthy, or degraded with the failed workloads
@@ -478,7 +494,9 @@ impl Supervisor {
     /// apart.
     fn health(&self) -> (&'static str, Vec<String>, Vec<String>) {
         let failed = self.failed();
-        let unconverged = self.deferred.clone();
+        let mut unconverged = self.deferred.clone();
+        unconverged.sort();
+        unconverged.dedup();
         let status = if failed.is_empty() && unconverged.is_empty() {
             "healthy"
         } else {
@@ -512,7 +530,7 @@ impl Supervisor {
     }
 
     /// `/run/berthd/status.json`: the heartbeat (its timestamp advances
-    /// every pass) and the health aggregate, for `berth status`.
+    /// every pass) and the health aggregate, which /healthz serves too.
     fn write_status(&self, running: usize) {
         let (status, failed, unconverged) = self.health();
         let doc = serde_json::json!({
@@ -524,7 +542,17 @@ impl Supervisor {
             "unconverged": unconverged,
         });
         let path = self.root.join(DAEMON_RUNTIME_DIR).join("status.json");
-        let _ = std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap_or_default());
+        // Replaced whole (rename) so a reader never sees half of it; /run is
+        // a tmpfs, so no fsync.
+        let tmp = path.with_extension("json.tmp");
+        if let Err(e) = std::fs::write(&tmp, serde_json::to_vec_pretty(&doc).unwrap_or_default())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+        {
+            self.events.warn(&format!("cannot write {}: {e}", path.display()));
+        }
+        if let Some(api) = &self.api {
+            *api.health.lock().expect("api state") = (status, failed, unconverged);
+        }
     }
 
     /// Removes the records of workloads neither configured nor loaded.

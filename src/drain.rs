@@ -463,6 +463,7 @@ fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, events: &Ev
             rec.stopped_at = Some(now.clone());
             rec.last_transition_reason = "drain".into();
             rec.detected_by = None;
+            rec.invocation_id = None;
         }
         transition
     };
