@@ -248,13 +248,20 @@ pub fn check_report(loaded: &Loaded) -> String {
     out
 }
 
-fn autostart() -> i32 {
+/// What both helpers start with: the root, the config (its problems
+/// logged, the rest used) and the journal.
+fn helper_context() -> (Root, Loaded, Events) {
     let root = Root::from_env();
     let loaded = config::load(&root);
     let events = Events::new("berth");
     for e in &loaded.errors {
         events.warn(&format!("config: {e}"));
     }
+    (root, loaded, events)
+}
+
+fn autostart() -> i32 {
+    let (root, loaded, events) = helper_context();
     let Ok(rt) = systemd::runtime() else {
         eprintln!("berth autostart: cannot start the async runtime");
         return 1;
@@ -280,12 +287,7 @@ fn autostart() -> i32 {
 /// Best effort: whatever happens, it reports and exits 0, well inside the
 /// drain unit's TimeoutStopSec.
 fn drain() -> i32 {
-    let root = Root::from_env();
-    let loaded = config::load(&root);
-    let events = Events::new("berth");
-    for e in &loaded.errors {
-        events.warn(&format!("config: {e}"));
-    }
+    let (root, loaded, events) = helper_context();
     let Ok(rt) = systemd::runtime() else {
         eprintln!("berth drain: cannot start the async runtime");
         return 0;
