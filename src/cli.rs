@@ -61,6 +61,21 @@ enum Verb {
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
         gc_interval: Option<u64>,
     },
+    /// Is berth installed, loaded, healthy, frozen; what did the last drain do. Never fails.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Freeze the node (no workload starts at boot) or one workload (autostart skips it).
+    Freeze {
+        /// The workload; without it, the whole node.
+        name: Option<String>,
+        /// Why, shown by berth status and berth check.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Remove the node's or a workload's freeze.
+    Thaw { name: Option<String> },
     /// List the workloads: live state from systemd and the records.
     List {
         #[arg(long)]
@@ -116,6 +131,17 @@ pub fn main() -> i32 {
                 eprintln!("berth daemon: relaunching (exit {rc})");
             }
         }
+        Verb::Status { json } => {
+            let v = crate::status::gather(&Root::from_env());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+            } else {
+                print!("{}", crate::status::text(&v));
+            }
+            0
+        }
+        Verb::Freeze { name, reason } => freeze_cmd(name.as_deref(), Some(&reason)),
+        Verb::Thaw { name } => freeze_cmd(name.as_deref(), None),
         Verb::List { json } => list(None, json),
         Verb::Inspect { name, json } => list(Some(name), json),
         Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
@@ -499,5 +525,43 @@ fn restart_pending(
     ) {
         (true, Some(w), Some(started_with)) => crate::render::definition_fingerprint(root, w) != started_with,
         _ => false,
+    }
+}
+
+/// `berth freeze [NAME]` (reason given) and `berth thaw [NAME]` (none).
+fn freeze_cmd(name: Option<&str>, reason: Option<&str>) -> i32 {
+    if let Some(n) = name
+        && !config::is_valid_workload_name(n)
+    {
+        eprintln!("berth: {n:?} is not a valid workload name");
+        return 2;
+    }
+    let root = Root::from_env();
+    let what = name.map(config::unit_name).unwrap_or_else(|| "the node".into());
+    match reason {
+        Some(reason) => match freeze::freeze(&root, name, reason) {
+            Ok(f) => {
+                println!("frozen: {what} since {}", f.frozen_at);
+                0
+            }
+            Err(e) => {
+                eprintln!("berth freeze: cannot write the flag for {what}: {e}");
+                1
+            }
+        },
+        None => match freeze::thaw(&root, name) {
+            Ok(true) => {
+                println!("thawed: {what}");
+                0
+            }
+            Ok(false) => {
+                println!("{what} was not frozen");
+                0
+            }
+            Err(e) => {
+                eprintln!("berth thaw: cannot remove the flag for {what}: {e}");
+                1
+            }
+        },
     }
 }

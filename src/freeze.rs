@@ -161,6 +161,49 @@ pub fn instance_frozen(root: &Root, name: &str) -> Option<String> {
     }
 }
 
+/// Writes a freeze flag (atomically, fsynced). Re-freezing keeps the
+/// original `frozen_at`; a new reason replaces the old one.
+pub fn freeze(root: &Root, name: Option<&str>, reason: &str) -> std::io::Result<Freeze> {
+    let (path, mut flag) = match name {
+        None => (node_flag(root), Freeze::node(reason, SystemTime::now())),
+        Some(n) => (
+            instance_flag(root, n),
+            Freeze::instance(n, reason, SystemTime::now()),
+        ),
+    };
+    let scope = flag.scope.clone();
+    if let Ok(Some(old)) = read(&path, scope, name)
+        && !old.frozen_at.is_empty()
+    {
+        flag.frozen_at = old.frozen_at;
+        if reason.is_empty() {
+            flag.reason = old.reason;
+        }
+    }
+    let bytes = serde_json::to_vec_pretty(&flag).map_err(std::io::Error::from)?;
+    crate::records::write_atomic(&path, &bytes)?;
+    Ok(flag)
+}
+
+/// Removes a freeze flag; thawing what is not frozen is not an error.
+/// Returns whether there was a flag.
+pub fn thaw(root: &Root, name: Option<&str>) -> std::io::Result<bool> {
+    let path = match name {
+        None => node_flag(root),
+        Some(n) => instance_flag(root, n),
+    };
+    match fs::remove_file(&path) {
+        Ok(()) => {
+            if let Some(dir) = path.parent() {
+                fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// `SystemTime` as RFC 3339 UTC with whole seconds.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -194,6 +237,26 @@ mod tests {
         assert!(cmdline_freeze("berth.freeze=1"));
         assert!(!cmdline_freeze("berth.freezer berth.frozen"));
         assert!(!cmdline_freeze(""));
+    }
+
+    #[test]
+    fn refreezing_keeps_frozen_at_and_thaw_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let first = freeze(&root, Some("web"), "maintenance").unwrap();
+        assert_eq!(first.scope, Scope::Instance);
+        let path = instance_flag(&root, "web");
+        let mut doc: Freeze = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        doc.frozen_at = "2020-01-01T00:00:00Z".into();
+        fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let again = freeze(&root, Some("web"), "").unwrap();
+        assert_eq!(again.frozen_at, "2020-01-01T00:00:00Z");
+        assert_eq!(again.reason, "maintenance");
+        assert!(thaw(&root, Some("web")).unwrap());
+        assert!(!thaw(&root, Some("web")).unwrap());
+        let node = freeze(&root, None, "disk swap").unwrap();
+        assert_eq!(node.scope, Scope::Node);
+        assert!(node_flag(&root).exists());
     }
 
     #[test]

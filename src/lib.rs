@@ -21,4 +21,5 @@ pub mod plan;
 pub mod records;
 pub mod render;
 pub mod report;
+pub mod status;
 pub mod systemd;

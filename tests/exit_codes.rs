@@ -168,3 +168,38 @@ fn template_fallback_explains_and_fails() {
         stderr(&o)
     );
 }
+
+#[test]
+fn status_never_fails() {
+    // Not installed: no D-Bus call, a reason, exit 0.
+    let empty = tempfile::tempdir().unwrap();
+    let o = run(berth_bin(), &["status", "--json"], Some(empty.path()));
+    assert_eq!(code(&o), 0);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["installed"], false);
+    assert_eq!(v["loaded"], false);
+    // Installed, but no usable systemd on this machine (or in this root):
+    // loaded false with the reason, still exit 0.
+    let installed = tempfile::tempdir().unwrap();
+    let units = installed.path().join("etc/systemd/system");
+    fs::create_dir_all(&units).unwrap();
+    fs::write(units.join("berth-drain.service"), "[Service]\n").unwrap();
+    let o = Command::new(berth_bin())
+        .args(["status", "--json"])
+        .env("BERTH_ROOT", installed.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["installed"], true);
+    if v["loaded"] == false {
+        assert!(
+            v["reason"]
+                .as_str()
+                .unwrap()
+                .contains("systemd is not usable here"),
+            "{v}"
+        );
+    }
+}
