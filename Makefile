@@ -19,6 +19,8 @@ systemd_var = $(or $(shell $(PKG_CONFIG) --variable=$(1) systemd 2>/dev/null),$(
 SYSTEMD_SYSTEM_UNIT_DIR ?= $(call systemd_var,systemdsystemunitdir,$(PREFIX)/lib/systemd/system)
 SYSTEMD_SYSTEM_GENERATOR_DIR ?= $(call systemd_var,systemdsystemgeneratordir,$(PREFIX)/lib/systemd/system-generators)
 SYSTEMD_CATALOG_DIR ?= $(call systemd_var,catalogdir,$(PREFIX)/lib/systemd/catalog)
+SYSUSERS_DIR ?= $(call systemd_var,sysusersdir,$(PREFIX)/lib/sysusers.d)
+TMPFILES_DIR ?= $(call systemd_var,tmpfilesdir,$(PREFIX)/lib/tmpfiles.d)
 
 CARGO ?= cargo
 CARGO_FLAGS ?= --locked
@@ -74,6 +76,8 @@ install: all
 	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
 	$(INSTALL) -Dm644 catalog/berth.catalog $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
+	$(INSTALL) -Dm644 units/berth.sysusers $(DESTDIR)$(SYSUSERS_DIR)/berth.conf
+	$(INSTALL) -Dm644 units/berth.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/berth.conf
 	for page in $(MAN_PAGES); do \
 		$(INSTALL) -Dm644 $(BUILD_DIR)/man/$$page $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page || exit 1; \
 	done
@@ -82,6 +86,7 @@ uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
+	rm -f $(DESTDIR)$(SYSUSERS_DIR)/berth.conf $(DESTDIR)$(TMPFILES_DIR)/berth.conf
 	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
 
 # Debian packages the build and the suite need (a no-op when present).

@@ -13,6 +13,10 @@ for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
 check "the API socket exists" test -S "$sock"
 check_eq "socket mode 0660" "660" "$(stat -c %a "$sock")"
 check_eq "directory mode 0750" "750" "$(stat -c %a "$(dirname "$sock")")"
+# The group comes from the packaged sysusers.d entry (created at boot).
+check "the berth group exists" ct getent group berth
+check_eq "the socket belongs to group berth" "$(ct getent group berth | cut -d: -f3)" "$(stat -c %g "$sock")"
+check "tmpfiles.d created the state directory" ct test -d /var/lib/berth/records
 # The container shares the host's network namespace: the daemon's socket
 # inodes must not appear among its TCP sockets.
 check "the daemon has no TCP socket at all" python3 - "$CT_PID" "$(ct_prop berth-daemon.service MainPID)" <<'PY'
