@@ -40,8 +40,8 @@ UNITS := $(UNITS_PLAIN) $(UNITS_IN)
 
 INSTALL ?= install
 
-.PHONY: all build units man install uninstall deps lint check demo bench clean FORCE
-all: build units man
+.PHONY: all build units man completions install uninstall deps lint check demo bench clean FORCE
+all: build units man completions
 
 build:
 	$(CARGO) build --release $(CARGO_FLAGS)
@@ -70,6 +70,13 @@ $(BUILD_DIR)/man/%: man/%.scd
 	@mkdir -p $(@D)
 	$(SCDOC) < $< > $@.tmp && mv $@.tmp $@
 
+# Shell completions, generated from the CLI definition by the built binary.
+completions: build
+	@mkdir -p $(BUILD_DIR)/completions
+	$(RELEASE_DIR)/berth completions bash > $(BUILD_DIR)/completions/berth
+	$(RELEASE_DIR)/berth completions zsh > $(BUILD_DIR)/completions/_berth
+	$(RELEASE_DIR)/berth completions fish > $(BUILD_DIR)/completions/berth.fish
+
 install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
@@ -78,6 +85,9 @@ install: all
 	$(INSTALL) -Dm644 catalog/berth.catalog $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	$(INSTALL) -Dm644 units/berth.sysusers $(DESTDIR)$(SYSUSERS_DIR)/berth.conf
 	$(INSTALL) -Dm644 units/berth.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/berth.conf
+	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/berth $(DESTDIR)$(DATADIR)/bash-completion/completions/berth
+	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/_berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth
+	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/berth.fish $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish
 	for page in $(MAN_PAGES); do \
 		$(INSTALL) -Dm644 $(BUILD_DIR)/man/$$page $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page || exit 1; \
 	done
@@ -87,6 +97,7 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	rm -f $(DESTDIR)$(SYSUSERS_DIR)/berth.conf $(DESTDIR)$(TMPFILES_DIR)/berth.conf
+	rm -f $(DESTDIR)$(DATADIR)/bash-completion/completions/berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish
 	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
 
 # Debian packages the build and the suite need (a no-op when present).

@@ -87,6 +87,9 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script (bash, zsh or fish); `make install` installs them.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
     /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
     #[command(hide = true)]
     NotConfigured { name: String },
@@ -142,6 +145,11 @@ pub fn main() -> i32 {
         }
         Verb::Freeze { name, reason } => freeze_cmd(name.as_deref(), Some(&reason)),
         Verb::Thaw { name } => freeze_cmd(name.as_deref(), None),
+        Verb::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "berth", &mut std::io::stdout());
+            0
+        }
         Verb::List { json } => list(None, json),
         Verb::Inspect { name, json } => list(Some(name), json),
         Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),

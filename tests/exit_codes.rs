@@ -203,3 +203,21 @@ fn status_never_fails() {
         );
     }
 }
+
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef berth"),
+        ("fish", "complete -c berth"),
+    ] {
+        let o = run(berth_bin(), &["completions", shell], None);
+        assert_eq!(code(&o), 0, "{shell}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains(marker), "{shell}: no {marker:?}");
+        for verb in ["check", "drain", "status", "freeze"] {
+            assert!(text.contains(verb), "{shell}: no {verb}");
+        }
+    }
+    assert_eq!(code(&run(berth_bin(), &["completions", "tcsh"], None)), 2);
+}
