@@ -69,6 +69,16 @@ impl Shared {
         })
     }
 
+    /// Every workload's view, in name order.
+    pub fn snapshot(&self) -> Vec<WorkloadView> {
+        self.workloads
+            .lock()
+            .expect("api state")
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Stores a workload's view; publishes it when it changed.
     pub fn publish(&self, view: WorkloadView) {
         let mut all = self.workloads.lock().expect("api state");
@@ -231,13 +241,7 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             respond(&mut stream, code, &body).await;
         }
         "/v1/workloads" => {
-            let all: Vec<WorkloadView> = shared
-                .workloads
-                .lock()
-                .expect("api state")
-                .values()
-                .cloned()
-                .collect();
+            let all = shared.snapshot();
             respond(&mut stream, 200, &serde_json::to_value(all).expect("serializes")).await;
         }
         "/v1/events" => events(stream, shared).await,
@@ -291,13 +295,7 @@ async fn events(mut stream: UnixStream, shared: Arc<Shared>) {
 }
 
 async fn send_sync(stream: &mut UnixStream, shared: &Shared) -> Result<(), ()> {
-    let all: Vec<WorkloadView> = shared
-        .workloads
-        .lock()
-        .expect("api state")
-        .values()
-        .cloned()
-        .collect();
+    let all = shared.snapshot();
     let data = serde_json::to_string(&all).expect("serializes");
     send(stream, &format!("event: sync\ndata: {data}\n\n")).await
 }

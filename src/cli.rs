@@ -174,12 +174,8 @@ fn freeze_report(root: &Root, loaded: &Loaded) -> String {
         Ok(None) => {}
         Ok(Some(f)) => out.push_str(&format!(
             "frozen: {what} since {} ({}): autostart skips it\n",
-            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
-            if f.reason.is_empty() {
-                "no reason given"
-            } else {
-                &f.reason
-            }
+            f.since(),
+            f.why()
         )),
         Err(e) => out.push_str(&format!("warning: cannot read the freeze flag of {what}: {e}\n")),
     };

@@ -45,6 +45,24 @@ pub struct Freeze {
 }
 
 impl Freeze {
+    /// `frozen_at` for messages: `?` when unknown (an unreadable flag).
+    pub fn since(&self) -> &str {
+        if self.frozen_at.is_empty() {
+            "?"
+        } else {
+            &self.frozen_at
+        }
+    }
+
+    /// The reason for messages.
+    pub fn why(&self) -> &str {
+        if self.reason.is_empty() {
+            "no reason given"
+        } else {
+            &self.reason
+        }
+    }
+
     pub fn node(reason: &str, now: SystemTime) -> Self {
         Freeze {
             scope: Scope::Node,
@@ -126,12 +144,8 @@ pub fn node_frozen(root: &Root) -> Option<String> {
         Ok(Some(f)) => Some(format!(
             "the node is frozen ({}) since {}: {}",
             node_flag(root).display(),
-            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
-            if f.reason.is_empty() {
-                "no reason given"
-            } else {
-                &f.reason
-            }
+            f.since(),
+            f.why()
         )),
         Ok(None) => None,
         Err(e) => Some(format!(
@@ -144,15 +158,7 @@ pub fn node_frozen(root: &Root) -> Option<String> {
 pub fn instance_frozen(root: &Root, name: &str) -> Option<String> {
     let flag = instance_flag(root, name);
     match read(&flag, Scope::Instance, Some(name)) {
-        Ok(Some(f)) => Some(format!(
-            "frozen since {}: {}",
-            if f.frozen_at.is_empty() { "?" } else { &f.frozen_at },
-            if f.reason.is_empty() {
-                "no reason given"
-            } else {
-                &f.reason
-            }
-        )),
+        Ok(Some(f)) => Some(format!("frozen since {}: {}", f.since(), f.why())),
         Ok(None) => None,
         Err(e) => Some(format!(
             "its freeze flag {} cannot be read ({e}); treated as frozen",
