@@ -18,6 +18,8 @@ PKG_CONFIG ?= pkg-config
 systemd_var = $(or $(shell $(PKG_CONFIG) --variable=$(1) systemd 2>/dev/null),$(2))
 SYSTEMD_SYSTEM_UNIT_DIR ?= $(call systemd_var,systemdsystemunitdir,$(PREFIX)/lib/systemd/system)
 SYSTEMD_SYSTEM_GENERATOR_DIR ?= $(call systemd_var,systemdsystemgeneratordir,$(PREFIX)/lib/systemd/system-generators)
+SYSTEMD_USER_UNIT_DIR ?= $(call systemd_var,systemduserunitdir,$(PREFIX)/lib/systemd/user)
+SYSTEMD_USER_GENERATOR_DIR ?= $(call systemd_var,systemdusergeneratordir,$(PREFIX)/lib/systemd/user-generators)
 SYSTEMD_CATALOG_DIR ?= $(call systemd_var,catalogdir,$(PREFIX)/lib/systemd/catalog)
 SYSUSERS_DIR ?= $(call systemd_var,sysusersdir,$(PREFIX)/lib/sysusers.d)
 TMPFILES_DIR ?= $(call systemd_var,tmpfilesdir,$(PREFIX)/lib/tmpfiles.d)
@@ -34,9 +36,7 @@ RELEASE_DIR := $(TARGET_DIR)/release
 MAN_PAGES := $(patsubst man/%.scd,%,$(wildcard man/*.scd))
 SCDOC ?= scdoc
 
-UNITS_PLAIN := berth.target berth.slice
-UNITS_IN := berth-drain.service berth-autostart.service berth-daemon.service berth@.service
-UNITS := $(UNITS_PLAIN) $(UNITS_IN)
+UNITS := berth.target berth.slice berth-drain.service berth-autostart.service berth-daemon.service berth@.service
 
 INSTALL ?= install
 
@@ -46,22 +46,14 @@ all: build units man completions
 build:
 	$(CARGO) build --release $(CARGO_FLAGS)
 
-# Units name the binary by absolute path; BINDIR is substituted here.
-units: $(addprefix $(BUILD_DIR)/units/,$(UNITS))
-
-$(BUILD_DIR)/units/%: units/%.in $(BUILD_DIR)/bindir.stamp
-	@mkdir -p $(@D)
-	sed 's|@BINDIR@|$(BINDIR)|g' $< > $@.tmp && mv $@.tmp $@
-
-# Rewritten only when BINDIR changes, so `make install PREFIX=...` after a
-# plain `make` regenerates the units instead of installing stale paths.
-$(BUILD_DIR)/bindir.stamp: FORCE
-	@mkdir -p $(@D)
-	@echo '$(BINDIR)' | cmp -s - $@ || echo '$(BINDIR)' > $@
-
-$(BUILD_DIR)/units/%: units/%
-	@mkdir -p $(@D)
-	cp $< $@
+# Units name the binary by absolute path. One template per unit serves the
+# system and the user manager; the built binary fills them (the same code
+# `berth install` uses), so make and install cannot disagree. Rendered
+# every time: cheap, and never stale after a change of BINDIR.
+units: build
+	rm -rf $(BUILD_DIR)/units
+	$(RELEASE_DIR)/berth render-units --bindir $(BINDIR) $(BUILD_DIR)/units/system
+	$(RELEASE_DIR)/berth --user render-units --bindir $(BINDIR) $(BUILD_DIR)/units/user
 
 # Man pages: scdoc sources in man/NAME.SECTION.scd.
 man: $(addprefix $(BUILD_DIR)/man/,$(MAN_PAGES))
@@ -80,8 +72,13 @@ completions: build
 install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
-	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)
-	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
+	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)
+	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/system/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
+	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/user/,$(UNITS)) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/
+	# The same generator serves user managers (systemd reads user
+	# generators only from system directories); it tells them apart by
+	# $$SYSTEMD_SCOPE, or by the directory it is run from.
+	ln -sf $(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)/berth-generator
 	$(INSTALL) -Dm644 catalog/berth.catalog $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	$(INSTALL) -Dm644 units/berth.sysusers $(DESTDIR)$(SYSUSERS_DIR)/berth.conf
 	$(INSTALL) -Dm644 units/berth.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/berth.conf
@@ -94,7 +91,8 @@ install: all
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
-	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS))
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS)) $(addprefix $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/,$(UNITS))
+	rm -f $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)/berth-generator
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	rm -f $(DESTDIR)$(SYSUSERS_DIR)/berth.conf $(DESTDIR)$(TMPFILES_DIR)/berth.conf
 	rm -f $(DESTDIR)$(DATADIR)/bash-completion/completions/berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish

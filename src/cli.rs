@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, Loaded, WorkloadKind};
 use crate::freeze::{self, Freeze, Scope};
-use crate::paths::Root;
+use crate::paths::{Manager, Root};
 use crate::plan;
 use crate::report::Events;
 use crate::systemd::{self, Systemd};
@@ -20,6 +20,10 @@ use crate::systemd::{self, Systemd};
     about = "Workloads that outlive their control plane and drain on real shutdown"
 )]
 struct Cli {
+    /// Talk to the calling user's service manager (like systemctl --user) and use the user's
+    /// config (~/.config/berth), state and runtime directories.
+    #[arg(long, global = true)]
+    user: bool,
     #[command(subcommand)]
     verb: Verb,
 }
@@ -87,6 +91,28 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
+    /// Enable and start berth.target and prove it works; from a source tree, also install the
+    /// binary, units and generator. Idempotent.
+    Install {
+        /// Where a source install puts the binary (default: /usr/local/bin, or ~/.local/bin with --user).
+        #[arg(long, value_name = "DIR")]
+        bindir: Option<PathBuf>,
+    },
+    /// Reverse what install did (files, enablement); workloads keep running. Idempotent.
+    Uninstall {
+        /// Also delete berth's state: records, freeze flags, the last drain report.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Apply a config change: rewrite the per-user units (when there is no generator), reload systemd.
+    Reload,
+    /// Render the packaged units for a binary directory into DIR (used by make).
+    #[command(hide = true)]
+    RenderUnits {
+        #[arg(long, value_name = "DIR")]
+        bindir: PathBuf,
+        out: PathBuf,
+    },
     /// Print a shell completion script (bash, zsh or fish); `make install` installs them.
     #[command(hide = true)]
     Completions { shell: clap_complete::Shell },
@@ -103,18 +129,54 @@ pub fn main() -> i32 {
             return e.exit_code();
         }
     };
+    let manager = if cli.user { Manager::User } else { Manager::System };
+    // Build-time verbs: no user environment needed (a package build has none).
+    match &cli.verb {
+        Verb::RenderUnits { bindir, out } => return render_units(manager, bindir, out),
+        Verb::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(*shell, &mut Cli::command(), "berth", &mut std::io::stdout());
+            return 0;
+        }
+        _ => {}
+    }
+    let root = Root::for_manager(manager);
+    // `berth status` never fails: it reports a user environment it cannot use.
+    if let Verb::Status { json } = cli.verb {
+        let v = match &root {
+            Ok(root) => crate::status::gather(root),
+            Err(reason) => crate::status::unusable(manager, reason),
+        };
+        if json {
+            println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        } else {
+            print!("{}", crate::status::text(&v));
+        }
+        return 0;
+    }
+    let root = match root {
+        Ok(root) => root,
+        Err(reason) => {
+            eprintln!("berth --user: {reason}");
+            return 1;
+        }
+    };
     match cli.verb {
-        Verb::Check { root } => check(&root.map(Root::new).unwrap_or_else(Root::from_env)),
-        Verb::Autostart => autostart(),
-        Verb::Drain { last: true, json, .. } => drain_last(json),
+        Verb::Check { root: Some(dir) } => match root.user_dirs() {
+            Some(user) => check(&Root::new_user(dir, user.clone())),
+            None => check(&Root::new(dir)),
+        },
+        Verb::Check { root: None } => check(&root),
+        Verb::Autostart => autostart(&root),
+        Verb::Drain { last: true, json, .. } => drain_last(&root, json),
         Verb::Drain {
             dry_run: true, json, ..
-        } => drain_dry_run(json),
+        } => drain_dry_run(&root, json),
         Verb::Drain { json: true, .. } => {
             eprintln!("berth drain: --json goes with --dry-run or --last");
             2
         }
-        Verb::Drain { .. } => drain(),
+        Verb::Drain { .. } => drain(&root),
         Verb::Daemon {
             foreground,
             reconcile_interval,
@@ -127,33 +189,70 @@ pub fn main() -> i32 {
                 gc_interval: gc_interval.map(Duration::from_secs),
             };
             loop {
-                let rc = crate::daemon::main(options());
+                let rc = crate::daemon::main(&root, options());
                 if !(foreground && rc == crate::daemon::EXIT_RELAUNCH) {
                     return rc;
                 }
                 eprintln!("berth daemon: relaunching (exit {rc})");
             }
         }
-        Verb::Status { json } => {
-            let v = crate::status::gather(&Root::from_env());
-            if json {
-                println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
-            } else {
-                print!("{}", crate::status::text(&v));
+        Verb::Status { .. } => unreachable!("handled above"),
+        Verb::Freeze { name, reason } => freeze_cmd(&root, name.as_deref(), Some(&reason)),
+        Verb::Thaw { name } => freeze_cmd(&root, name.as_deref(), None),
+        Verb::Completions { .. } | Verb::RenderUnits { .. } => unreachable!("handled above"),
+        Verb::List { json } => list(&root, None, json),
+        Verb::Inspect { name, json } => list(&root, Some(name), json),
+        Verb::NotConfigured { name } => not_configured(&root, &name),
+        Verb::Install { bindir } => install_verb("install", |rt| {
+            rt.block_on(crate::install::install(&root, bindir))
+        }),
+        Verb::Uninstall { purge } => install_verb("uninstall", |rt| {
+            rt.block_on(crate::install::uninstall(&root, purge))
+        }),
+        Verb::Reload => install_verb("reload", |rt| rt.block_on(crate::install::reload(&root))),
+    }
+}
+
+/// Runs install, uninstall or reload and reports: each step done on
+/// stdout; the failed step on stderr, exit 1.
+fn install_verb(
+    verb: &str,
+    run: impl FnOnce(&tokio::runtime::Runtime) -> Result<crate::install::Report, crate::install::Error>,
+) -> i32 {
+    let Ok(rt) = systemd::runtime() else {
+        eprintln!("berth {verb}: cannot start the async runtime");
+        return 1;
+    };
+    match run(&rt) {
+        Ok(report) => {
+            for line in &report.lines {
+                println!("{line}");
             }
             0
         }
-        Verb::Freeze { name, reason } => freeze_cmd(name.as_deref(), Some(&reason)),
-        Verb::Thaw { name } => freeze_cmd(name.as_deref(), None),
-        Verb::Completions { shell } => {
-            use clap::CommandFactory;
-            clap_complete::generate(shell, &mut Cli::command(), "berth", &mut std::io::stdout());
-            0
+        Err(e) => {
+            eprintln!("berth {verb}: {e}");
+            1
         }
-        Verb::List { json } => list(None, json),
-        Verb::Inspect { name, json } => list(Some(name), json),
-        Verb::NotConfigured { name } => not_configured(&Root::from_env(), &name),
     }
+}
+
+fn render_units(manager: Manager, bindir: &std::path::Path, out: &std::path::Path) -> i32 {
+    if !bindir.is_absolute() {
+        eprintln!(
+            "berth render-units: --bindir must be absolute, not {}",
+            bindir.display()
+        );
+        return 2;
+    }
+    for (name, text) in crate::units::render(manager, bindir) {
+        let path = out.join(name);
+        if let Err(e) = std::fs::create_dir_all(out).and_then(|()| std::fs::write(&path, text)) {
+            eprintln!("berth render-units: {}: {e}", path.display());
+            return 1;
+        }
+    }
+    0
 }
 
 fn check(root: &Root) -> i32 {
@@ -280,31 +379,30 @@ pub fn check_report(loaded: &Loaded) -> String {
 
 /// What both helpers start with: the root, the config (its problems
 /// logged, the rest used) and the journal.
-fn helper_context() -> (Root, Loaded, Events) {
-    let root = Root::from_env();
-    let loaded = config::load(&root);
+fn helper_context(root: &Root) -> (Loaded, Events) {
+    let loaded = config::load(root);
     let events = Events::new("berth");
     for e in &loaded.errors {
         events.warn(&format!("config: {e}"));
     }
-    (root, loaded, events)
+    (loaded, events)
 }
 
-fn autostart() -> i32 {
-    let (root, loaded, events) = helper_context();
+fn autostart(root: &Root) -> i32 {
+    let (loaded, events) = helper_context(root);
     let Ok(rt) = systemd::runtime() else {
         eprintln!("berth autostart: cannot start the async runtime");
         return 1;
     };
     rt.block_on(async {
-        let sd = match Systemd::connect().await {
+        let sd = match Systemd::connect(root.manager()).await {
             Ok(sd) => sd,
             Err(e) => {
                 eprintln!("berth autostart: cannot reach systemd: {e}");
                 return 1;
             }
         };
-        match crate::autostart::run(&sd, &root, &loaded, freeze::node_frozen(&root), &events).await {
+        match crate::autostart::run(&sd, root, &loaded, freeze::node_frozen(root), &events).await {
             Ok(_) => 0,
             Err(e) => {
                 eprintln!("berth autostart: cannot ask systemd about the workloads: {e}");
@@ -316,16 +414,16 @@ fn autostart() -> i32 {
 
 /// Best effort: whatever happens, it reports and exits 0, well inside the
 /// drain unit's TimeoutStopSec.
-fn drain() -> i32 {
-    let (root, loaded, events) = helper_context();
+fn drain(root: &Root) -> i32 {
+    let (loaded, events) = helper_context(root);
     let Ok(rt) = systemd::runtime() else {
         eprintln!("berth drain: cannot start the async runtime");
         return 0;
     };
     rt.block_on(async {
-        match Systemd::connect().await {
+        match Systemd::connect(root.manager()).await {
             Ok(sd) => {
-                crate::drain::run(&sd, &root, &loaded, &events).await;
+                crate::drain::run(&sd, root, &loaded, &events).await;
             }
             Err(e) => {
                 events.emit(
@@ -334,16 +432,15 @@ fn drain() -> i32 {
                     &[("BERTH_CODE", "E_SYSTEMD".into())],
                     &format!("drain impossible: cannot reach systemd: {e}"),
                 );
-                crate::drain::unreachable(&root, &loaded, &e, &events);
+                crate::drain::unreachable(root, &loaded, &e, &events);
             }
         }
     });
     0
 }
 
-fn drain_last(json: bool) -> i32 {
-    let root = Root::from_env();
-    let path = root.join(crate::paths::STATE_DIR).join("last-drain.json");
+fn drain_last(root: &Root, json: bool) -> i32 {
+    let path = root.state_dir().join("last-drain.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -371,12 +468,11 @@ fn drain_last(json: bool) -> i32 {
     }
 }
 
-fn drain_dry_run(json: bool) -> i32 {
-    let root = Root::from_env();
-    let loaded = config::load(&root);
+fn drain_dry_run(root: &Root, json: bool) -> i32 {
+    let loaded = config::load(root);
     let live = systemd::runtime().ok().and_then(|rt| {
         rt.block_on(async {
-            let sd = Systemd::connect().await.ok()?;
+            let sd = Systemd::connect(root.manager()).await.ok()?;
             sd.list_units("berth@*.service").await.ok()
         })
     });
@@ -414,12 +510,11 @@ fn not_configured(root: &Root, name: &str) -> i32 {
 
 /// `berth list` / `berth inspect`: the same data with or without a
 /// daemon, from systemd (when reachable) and the records.
-fn list(only: Option<String>, json: bool) -> i32 {
-    let root = Root::from_env();
-    let loaded = config::load(&root);
+fn list(root: &Root, only: Option<String>, json: bool) -> i32 {
+    let loaded = config::load(root);
     let live: Option<Vec<(String, crate::systemd::UnitDetails)>> = systemd::runtime().ok().and_then(|rt| {
         rt.block_on(async {
-            let sd = Systemd::connect().await.ok()?;
+            let sd = Systemd::connect(root.manager()).await.ok()?;
             let units = sd.list_units("berth@*.service").await.ok()?;
             let mut out = Vec::new();
             for u in units {
@@ -440,7 +535,7 @@ fn list(only: Option<String>, json: bool) -> i32 {
     }
     names.sort();
     if let Some(only) = &only {
-        if !names.contains(only) && crate::records::load(&root, only).ok().flatten().is_none() {
+        if !names.contains(only) && crate::records::load(root, only).ok().flatten().is_none() {
             eprintln!("berth inspect: no workload {only:?} (not configured, not loaded, no record)");
             return 1;
         }
@@ -448,7 +543,7 @@ fn list(only: Option<String>, json: bool) -> i32 {
     }
     let mut rows = Vec::new();
     for name in &names {
-        let record = crate::records::load(&root, name).ok().flatten();
+        let record = crate::records::load(root, name).ok().flatten();
         let details = live
             .as_ref()
             .and_then(|l| l.iter().find(|(n, _)| n == name))
@@ -460,7 +555,7 @@ fn list(only: Option<String>, json: bool) -> i32 {
             "active_state": details.map(|d| d.active_state.clone()).unwrap_or_else(|| if live.is_some() { "inactive".into() } else { "unknown".into() }),
             "main_pid": details.map(|d| d.main_pid),
             "invocation_id": details.map(|d| d.invocation_id.clone()),
-            "restart_pending": restart_pending(&root, &loaded, name, details, record.as_ref()),
+            "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
             "record": record,
         }));
     }
@@ -533,17 +628,16 @@ fn restart_pending(
 }
 
 /// `berth freeze [NAME]` (reason given) and `berth thaw [NAME]` (none).
-fn freeze_cmd(name: Option<&str>, reason: Option<&str>) -> i32 {
+fn freeze_cmd(root: &Root, name: Option<&str>, reason: Option<&str>) -> i32 {
     if let Some(n) = name
         && !config::is_valid_workload_name(n)
     {
         eprintln!("berth: {n:?} is not a valid workload name");
         return 2;
     }
-    let root = Root::from_env();
     let what = name.map(config::unit_name).unwrap_or_else(|| "the node".into());
     match reason {
-        Some(reason) => match freeze::freeze(&root, name, reason) {
+        Some(reason) => match freeze::freeze(root, name, reason) {
             Ok(f) => {
                 println!("frozen: {what} since {}", f.frozen_at);
                 0
@@ -553,7 +647,7 @@ fn freeze_cmd(name: Option<&str>, reason: Option<&str>) -> i32 {
                 1
             }
         },
-        None => match freeze::thaw(&root, name) {
+        None => match freeze::thaw(root, name) {
             Ok(true) => {
                 println!("thawed: {what}");
                 0

@@ -25,7 +25,7 @@ use crate::api::{self, Shared, WorkloadView};
 use crate::autostart::instance_of;
 use crate::config::{self, Loaded};
 use crate::freeze::rfc3339;
-use crate::paths::{DAEMON_RUNTIME_DIR, Root};
+use crate::paths::Root;
 use crate::records::{self, ExitCause};
 use crate::report::Events;
 use crate::systemd::{Change, Ops, Systemd, UnitDetails};
@@ -48,7 +48,7 @@ pub struct Options {
 
 /// The single-instance lock, held for the life of the process.
 fn take_lock(root: &Root) -> Result<File, String> {
-    let dir = root.join(DAEMON_RUNTIME_DIR);
+    let dir = root.runtime_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = dir.join("lock");
     let mut file = OpenOptions::new()
@@ -78,8 +78,8 @@ fn take_lock(root: &Root) -> Result<File, String> {
     }
 }
 
-pub fn main(options: Options) -> i32 {
-    let root = Root::from_env();
+pub fn main(root: &Root, options: Options) -> i32 {
+    let root = root.clone();
     let _lock = match take_lock(&root) {
         Ok(lock) => lock,
         Err(msg) => {
@@ -117,7 +117,7 @@ struct Supervisor {
 
 async fn run(root: Root, options: Options) -> i32 {
     let events = Events::new("berth-daemon");
-    let sd = match Systemd::connect().await {
+    let sd = match Systemd::connect(root.manager()).await {
         Ok(sd) => sd,
         Err(e) => {
             eprintln!("berth daemon: cannot reach systemd: {e}");
@@ -135,7 +135,7 @@ async fn run(root: Root, options: Options) -> i32 {
     let interval = options
         .reconcile_interval
         .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
-    let socket = root.join(&loaded.host.daemon.socket.to_string_lossy());
+    let socket = root.join(&loaded.host.daemon.socket);
     let api = if loaded.host.daemon.api && !options.no_api {
         let shared = Shared::new(interval * 3 + Duration::from_secs(5));
         match api::start(&socket, shared.clone()) {
@@ -541,7 +541,7 @@ impl Supervisor {
             "failed": failed,
             "unconverged": unconverged,
         });
-        let path = self.root.join(DAEMON_RUNTIME_DIR).join("status.json");
+        let path = self.root.runtime_dir().join("status.json");
         // Replaced whole (rename) so a reader never sees half of it; /run is
         // a tmpfs, so no fsync.
         let tmp = path.with_extension("json.tmp");

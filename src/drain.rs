@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::autostart::instance_of;
 use crate::config::{Loaded, StopAction, Workload};
 use crate::freeze::rfc3339;
-use crate::paths::{Root, STATE_DIR};
+use crate::paths::Root;
 use crate::plan;
 use crate::records;
 use crate::report::Events;
@@ -92,7 +92,7 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
 }
 
 fn write_report(root: &Root, report: &Report, events: &Events) {
-    let path = root.join(STATE_DIR).join("last-drain.json");
+    let path = root.state_dir().join("last-drain.json");
     if let Err(e) = serde_json::to_vec_pretty(report)
         .map_err(std::io::Error::from)
         .and_then(|bytes| records::write_atomic(&path, &bytes))
@@ -606,7 +606,7 @@ pub fn dry_run(loaded: &Loaded, live: Option<&[UnitStatus]>) -> DryRun {
             "the worst case ({worst_case_s} s) exceeds drain_deadline_s ({deadline_s} s): at the deadline the rest is forced off, or left to systemd's final kill without force-off"
         ));
     }
-    if let Err(e) = plan::check_drain_deadline(deadline_s, crate::config::Manager::System) {
+    if let Err(e) = plan::check_drain_deadline(deadline_s, loaded.host.manager) {
         warnings.push(format!("drain_deadline_s: {e}"));
     }
     DryRun {

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::paths::{NODE_FREEZE_FLAG, Root, STATE_DIR};
+use crate::paths::Root;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -83,11 +83,11 @@ impl Freeze {
 }
 
 pub fn node_flag(root: &Root) -> PathBuf {
-    root.join(NODE_FREEZE_FLAG)
+    root.node_freeze_flag()
 }
 
 pub fn instance_flag(root: &Root, name: &str) -> PathBuf {
-    root.join(STATE_DIR).join("freeze/instance").join(name)
+    root.state_dir().join("freeze/instance").join(name)
 }
 
 /// Reads a flag. `Ok(None)`: not frozen. A flag that exists but cannot be

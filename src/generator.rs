@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config;
 use crate::log::Logger;
-use crate::paths::Root;
+use crate::paths::{Manager, Root};
 use crate::render::{self, Content, OutputFile};
 
 pub const EXIT_OK: i32 = 0;
@@ -58,9 +58,20 @@ pub fn run(args: &[String]) -> i32 {
             return EXIT_USAGE;
         }
     };
-    let root = Root::from_env();
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let manager = manager_of(std::env::var("SYSTEMD_SCOPE").ok().as_deref(), &argv0);
+    let root = match Root::for_manager(manager) {
+        Ok(root) => root,
+        Err(reason) => {
+            Logger::new("berth-generator", false).error(&format!("user generator: {reason}"));
+            return EXIT_FAILURE;
+        }
+    };
     // Test runs (a re-rooted tree, --dry-run) keep the host's kernel log clean.
-    let real_boot = mode != Mode::DryRun && root.dir() == std::path::Path::new("/");
+    // A user manager cannot write the kernel log: its generator logs to stderr,
+    // which the manager puts in the journal.
+    let real_boot =
+        mode != Mode::DryRun && root.dir() == std::path::Path::new("/") && manager == Manager::System;
     let mut log = Logger::new("berth-generator", real_boot);
 
     let loaded = config::load(&root);
@@ -86,6 +97,17 @@ pub fn run(args: &[String]) -> i32 {
         return EXIT_FAILURE;
     }
     if loaded.is_clean() { EXIT_OK } else { EXIT_FAILURE }
+}
+
+/// Which manager runs the generator: `$SYSTEMD_SCOPE` (systemd ≥ 251 sets
+/// it), else the directory it was run from (the user-generators link).
+pub fn manager_of(scope: Option<&str>, argv0: &str) -> Manager {
+    match scope {
+        Some("user") => Manager::User,
+        Some("system") => Manager::System,
+        _ if argv0.contains("/user-generators/") => Manager::User,
+        _ => Manager::System,
+    }
 }
 
 /// Writes `files` under `dir`. Generator output directories start empty
@@ -136,6 +158,26 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_manager_comes_from_the_scope_then_the_path() {
+        assert_eq!(
+            manager_of(Some("user"), "/usr/lib/systemd/system-generators/x"),
+            Manager::User
+        );
+        assert_eq!(
+            manager_of(Some("system"), "/usr/lib/systemd/user-generators/x"),
+            Manager::System
+        );
+        assert_eq!(
+            manager_of(None, "/usr/lib/systemd/user-generators/berth-generator"),
+            Manager::User
+        );
+        assert_eq!(
+            manager_of(None, "/lib/systemd/system-generators/berth-generator"),
+            Manager::System
+        );
     }
 
     #[test]

@@ -1,10 +1,18 @@
 //! Where berth reads and writes. Every path is part of the product and
 //! documented in berth.toml(5); `BERTH_ROOT` re-roots all of them for tests.
+//!
+//! Two managers, two sets of paths. The system manager's are fixed. A user
+//! manager's come from the user's environment, resolved the way that
+//! manager resolves the specifiers its packaged units use: `%S` (on
+//! systemd 252 measured to be `$XDG_CONFIG_HOME`, i.e. `~/.config`) and
+//! `%t` (`$XDG_RUNTIME_DIR`). User state lives in `%S/berth/state`, a
+//! subdirectory the config (`~/.config/berth/{berth.toml,workloads,...}`)
+//! never uses.
 
 use std::path::{Path, PathBuf};
 
-/// Config directories, highest precedence first. A same-named file in an
-/// earlier directory masks the one in a later directory.
+/// System config directories, highest precedence first. A same-named file
+/// in an earlier directory masks the one in a later directory.
 pub const CONFIG_DIRS: [&str; 4] = [
     "/etc/berth",
     "/run/berth",
@@ -12,11 +20,8 @@ pub const CONFIG_DIRS: [&str; 4] = [
     "/usr/lib/berth",
 ];
 
-/// State: freeze flags, records, the last drain report.
+/// System state: freeze flags, records, the last drain report.
 pub const STATE_DIR: &str = "/var/lib/berth";
-/// The node freeze flag; also named by `ConditionPathExists=` in
-/// berth-autostart.service, so the two must agree.
-pub const NODE_FREEZE_FLAG: &str = "/var/lib/berth/freeze/node";
 /// Daemon runtime directory (lock, API socket), apart from `/run/berth`,
 /// which is a config directory.
 pub const DAEMON_RUNTIME_DIR: &str = "/run/berthd";
@@ -25,30 +30,240 @@ pub const HOST_FILE: &str = "berth.toml";
 pub const HOST_FRAGMENT_DIR: &str = "berth.toml.d";
 pub const WORKLOAD_DIR: &str = "workloads";
 
-/// The file system berth looks at: `/` in production, a test tree under
-/// `BERTH_ROOT` (or `--root`).
+/// Which service manager the units are for: decides the paths, the bus,
+/// and which deadlines fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Manager {
+    #[default]
+    System,
+    User,
+}
+
+impl Manager {
+    /// The `systemctl` flag that talks to this manager.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Manager::System => "--system",
+            Manager::User => "--user",
+        }
+    }
+}
+
+/// A user's directories, as the user manager sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Root(PathBuf);
+pub struct UserDirs {
+    /// `$XDG_CONFIG_HOME`, else `~/.config`; also the user manager's `%S`
+    /// on systemd 252.
+    pub config_home: PathBuf,
+    /// `$XDG_RUNTIME_DIR`: the user manager's `%t`.
+    pub runtime_dir: PathBuf,
+    /// `~`: where a per-user install puts the binary (`~/.local/bin`).
+    pub home: PathBuf,
+}
+
+impl UserDirs {
+    /// From the environment; the error says which variable is missing.
+    pub fn from_env() -> Result<UserDirs, String> {
+        let var = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let home = var("HOME").ok_or("HOME is not set")?;
+        let config_home = var("XDG_CONFIG_HOME")
+            .filter(|p| p.is_absolute())
+            .unwrap_or_else(|| home.join(".config"));
+        let runtime_dir = var("XDG_RUNTIME_DIR")
+            .filter(|p| p.is_absolute())
+            .ok_or("XDG_RUNTIME_DIR is not set (log in, or enable lingering: loginctl enable-linger)")?;
+        if !home.is_absolute() {
+            return Err(format!("HOME is not an absolute path: {}", home.display()));
+        }
+        Ok(UserDirs {
+            config_home,
+            runtime_dir,
+            home,
+        })
+    }
+}
+
+/// The file system berth looks at: `/` in production, a test tree under
+/// `BERTH_ROOT` (or `--root`), and whose paths: the system's or a user's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    dir: PathBuf,
+    user: Option<UserDirs>,
+}
 
 impl Root {
+    /// The system paths under `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Root(dir.into())
+        Root {
+            dir: dir.into(),
+            user: None,
+        }
+    }
+
+    /// A user's paths under `dir`.
+    pub fn new_user(dir: impl Into<PathBuf>, user: UserDirs) -> Self {
+        Root {
+            dir: dir.into(),
+            user: Some(user),
+        }
     }
 
     /// `BERTH_ROOT` if set and non-empty, else `/`.
     pub fn from_env() -> Self {
-        match std::env::var_os("BERTH_ROOT") {
-            Some(dir) if !dir.is_empty() => Root(PathBuf::from(dir)),
-            _ => Root(PathBuf::from("/")),
+        Root::new(env_root())
+    }
+
+    /// The paths for `manager`, from the environment.
+    pub fn for_manager(manager: Manager) -> Result<Self, String> {
+        match manager {
+            Manager::System => Ok(Root::from_env()),
+            Manager::User => Ok(Root::new_user(env_root(), UserDirs::from_env()?)),
         }
     }
 
     pub fn dir(&self) -> &Path {
-        &self.0
+        &self.dir
+    }
+
+    pub fn manager(&self) -> Manager {
+        if self.user.is_some() {
+            Manager::User
+        } else {
+            Manager::System
+        }
+    }
+
+    pub fn user_dirs(&self) -> Option<&UserDirs> {
+        self.user.as_ref()
     }
 
     /// Re-roots an absolute product path.
-    pub fn join(&self, product_path: &str) -> PathBuf {
-        self.0.join(product_path.trim_start_matches('/'))
+    pub fn join(&self, product_path: impl AsRef<Path>) -> PathBuf {
+        let p = product_path.as_ref();
+        self.dir.join(p.strip_prefix("/").unwrap_or(p))
+    }
+
+    /// Config directories, highest precedence first, re-rooted.
+    pub fn config_dirs(&self) -> Vec<PathBuf> {
+        match &self.user {
+            None => CONFIG_DIRS.iter().map(|d| self.join(d)).collect(),
+            Some(u) => vec![
+                self.join(u.config_home.join("berth")),
+                self.join(u.runtime_dir.join("berth")),
+            ],
+        }
+    }
+
+    /// State: records, freeze flags, the last drain report.
+    pub fn state_dir(&self) -> PathBuf {
+        match &self.user {
+            None => self.join(STATE_DIR),
+            Some(u) => self.join(u.config_home.join("berth/state")),
+        }
+    }
+
+    /// The daemon's lock, status file and default API socket.
+    pub fn runtime_dir(&self) -> PathBuf {
+        match &self.user {
+            None => self.join(DAEMON_RUNTIME_DIR),
+            Some(u) => self.join(u.runtime_dir.join("berthd")),
+        }
+    }
+
+    /// The node freeze flag; also named by `ConditionPathExists=` in
+    /// berth-autostart.service (`/var/lib/berth/freeze/node`, or
+    /// `%S/berth/state/freeze/node` for a user), so the two must agree.
+    pub fn node_freeze_flag(&self) -> PathBuf {
+        self.state_dir().join("freeze/node")
+    }
+
+    /// The default API socket path, as a product path (not re-rooted).
+    pub fn default_socket(&self) -> PathBuf {
+        match &self.user {
+            None => PathBuf::from(DAEMON_RUNTIME_DIR).join("api.sock"),
+            Some(u) => u.runtime_dir.join("berthd/api.sock"),
+        }
+    }
+}
+
+/// Where the manager reads unit files, highest precedence first (Debian's
+/// /lib included); re-rooted.
+pub fn unit_dirs(root: &Root) -> Vec<PathBuf> {
+    let fixed: &[&str] = match root.manager() {
+        Manager::System => &[
+            "/etc/systemd/system",
+            "/run/systemd/system",
+            "/usr/local/lib/systemd/system",
+            "/usr/lib/systemd/system",
+            "/lib/systemd/system",
+        ],
+        Manager::User => &[
+            "/etc/systemd/user",
+            "/usr/local/lib/systemd/user",
+            "/usr/lib/systemd/user",
+            "/lib/systemd/user",
+        ],
+    };
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(u) = root.user_dirs() {
+        dirs.push(root.join(u.config_home.join("systemd/user")));
+        dirs.push(root.join(u.runtime_dir.join("systemd/user")));
+        dirs.push(root.join(u.home.join(".local/share/systemd/user")));
+    }
+    dirs.extend(fixed.iter().map(|d| root.join(d)));
+    dirs
+}
+
+fn env_root() -> PathBuf {
+    match std::env::var_os("BERTH_ROOT") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from("/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user() -> UserDirs {
+        UserDirs {
+            config_home: "/home/u/.config".into(),
+            runtime_dir: "/run/user/1000".into(),
+            home: "/home/u".into(),
+        }
+    }
+
+    #[test]
+    fn system_paths_match_the_packaged_units() {
+        let r = Root::new("/");
+        assert_eq!(r.node_freeze_flag(), Path::new("/var/lib/berth/freeze/node"));
+        assert_eq!(r.runtime_dir(), Path::new("/run/berthd"));
+        assert_eq!(r.config_dirs()[0], Path::new("/etc/berth"));
+        // The autostart unit's condition names the same flag.
+        let unit = include_str!("../units/berth-autostart.service.in");
+        assert!(unit.contains("ConditionPathExists=!@STATE_DIR@/freeze/node"));
+    }
+
+    #[test]
+    fn user_paths_follow_the_specifiers() {
+        let r = Root::new_user("/", user());
+        assert_eq!(r.manager(), Manager::User);
+        assert_eq!(
+            r.config_dirs(),
+            vec![
+                PathBuf::from("/home/u/.config/berth"),
+                PathBuf::from("/run/user/1000/berth")
+            ]
+        );
+        // %S/berth/state with %S = ~/.config on systemd 252.
+        assert_eq!(r.state_dir(), Path::new("/home/u/.config/berth/state"));
+        assert_eq!(r.runtime_dir(), Path::new("/run/user/1000/berthd"));
+        assert_eq!(r.default_socket(), Path::new("/run/user/1000/berthd/api.sock"));
+        let rerooted = Root::new_user("/t", user());
+        assert_eq!(rerooted.state_dir(), Path::new("/t/home/u/.config/berth/state"));
     }
 }

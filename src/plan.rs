@@ -9,6 +9,13 @@ use crate::config::{HostSettings, Manager, StopAction, Workload};
 /// the whole shutdown transaction must finish within it.
 pub const SYSTEM_SHUTDOWN_JOB_TIMEOUT_S: u64 = 30 * 60;
 
+/// `TimeoutStopSec=` of `user@.service`: a user manager (and the user
+/// drain inside it) must be done within it when the host shuts down.
+pub const USER_MANAGER_STOP_TIMEOUT_S: u64 = 120;
+
+/// Time a user manager needs after the drain to stop the rest of its units.
+pub const USER_SHUTDOWN_HEADROOM_S: u64 = 15;
+
 /// Time the drain keeps for itself after its deadline: forcing off what is
 /// left, cancelling abandoned stop jobs, writing the report. The drain
 /// unit's `TimeoutStopSec=` is the deadline plus this, so systemd never
@@ -34,20 +41,26 @@ pub fn drain_timeout_stop_s(deadline_s: u64) -> u64 {
 
 /// Whether a drain deadline fits under the manager's own shutdown limit.
 pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), String> {
-    let (limit, what) = match manager {
+    let (limit, headroom, what) = match manager {
         Manager::System => (
             SYSTEM_SHUTDOWN_JOB_TIMEOUT_S,
+            SHUTDOWN_HEADROOM_S,
             "the JobTimeoutSec of poweroff.target and reboot.target",
+        ),
+        Manager::User => (
+            USER_MANAGER_STOP_TIMEOUT_S,
+            USER_SHUTDOWN_HEADROOM_S,
+            "the TimeoutStopSec of user@.service, which bounds a user manager's shutdown",
         ),
     };
     let unit_timeout = deadline_s.saturating_add(DRAIN_EXIT_MARGIN_S);
-    let needed = unit_timeout.saturating_add(SHUTDOWN_HEADROOM_S);
+    let needed = unit_timeout.saturating_add(headroom);
     if needed > limit {
         return Err(format!(
             "{deadline_s} s does not fit: the drain unit's TimeoutStopSec would be {unit_timeout} s \
-             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {SHUTDOWN_HEADROOM_S} s for the rest \
+             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {headroom} s for the rest \
              of the shutdown that is {needed} s, over the {limit} s of {what}; use at most {} s",
-            limit - DRAIN_EXIT_MARGIN_S - SHUTDOWN_HEADROOM_S
+            limit - DRAIN_EXIT_MARGIN_S - headroom
         ));
     }
     Ok(())
@@ -183,6 +196,12 @@ mod tests {
         );
         assert!(e.contains("at most 1650 s"), "{e}");
         assert!(check_drain_deadline(u64::MAX, Manager::System).is_err());
+        // A user manager's default deadline fits; 76 s does not.
+        let user_default = crate::config::host::USER_DEFAULT_DRAIN_DEADLINE_S;
+        assert!(check_drain_deadline(user_default, Manager::User).is_ok());
+        assert!(check_drain_deadline(75, Manager::User).is_ok());
+        let e = check_drain_deadline(76, Manager::User).unwrap_err();
+        assert!(e.contains("user@.service") && e.contains("at most 75 s"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::freeze::rfc3339;
-use crate::paths::{DAEMON_RUNTIME_DIR, Root, STATE_DIR};
+use crate::paths::Root;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -69,7 +69,7 @@ const LOCK_ATTEMPTS: u32 = 50;
 const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub fn records_dir(root: &Root) -> PathBuf {
-    root.join(STATE_DIR).join("records")
+    root.state_dir().join("records")
 }
 
 pub fn record_path(root: &Root, name: &str) -> PathBuf {
@@ -82,7 +82,7 @@ pub fn lock(root: &Root, name: &str) -> io::Result<File> {
 }
 
 fn lock_within(root: &Root, name: &str, attempts: u32) -> io::Result<File> {
-    let dir = root.join(DAEMON_RUNTIME_DIR).join("locks");
+    let dir = root.runtime_dir().join("locks");
     fs::create_dir_all(&dir)?;
     let file = OpenOptions::new()
         .create(true)

@@ -8,25 +8,45 @@ use serde_json::{Value, json};
 
 use crate::config;
 use crate::freeze::{self, Scope};
-use crate::paths::{DAEMON_RUNTIME_DIR, Root, STATE_DIR};
+use crate::paths::{Manager, Root, unit_dirs};
 use crate::systemd::{self, Systemd};
 
-/// Where the system manager reads unit files (Debian's /lib included).
-const UNIT_DIRS: &[&str] = &[
-    "/etc/systemd/system",
-    "/run/systemd/system",
-    "/usr/local/lib/systemd/system",
-    "/usr/lib/systemd/system",
-    "/lib/systemd/system",
+const UNITS: [&str; 4] = [
+    "berth.target",
+    "berth-drain.service",
+    "berth-autostart.service",
+    "berth-daemon.service",
 ];
 
+/// Status when the user's environment itself is unusable (no HOME, no
+/// XDG_RUNTIME_DIR): still an answer, with the reason.
+pub fn unusable(manager: Manager, reason: &str) -> Value {
+    json!({
+        "manager": manager_name(manager),
+        "installed": null,
+        "loaded": false,
+        "reason": reason,
+        "frozen": {"frozen_scope": null},
+        "last_drain": null,
+        "config_errors": 0,
+    })
+}
+
+fn manager_name(manager: Manager) -> &'static str {
+    match manager {
+        Manager::System => "system",
+        Manager::User => "user",
+    }
+}
+
 pub fn gather(root: &Root) -> Value {
-    let unit_file = UNIT_DIRS
-        .iter()
-        .map(|d| root.join(d).join("berth-drain.service"))
+    let unit_file = unit_dirs(root)
+        .into_iter()
+        .map(|d| d.join("berth-drain.service"))
         .find(|p| p.exists());
     let loaded = config::load(root);
     let mut out = json!({
+        "manager": manager_name(root.manager()),
         "installed": unit_file.is_some(),
         "unit_file": unit_file.as_ref().map(|p| p.display().to_string()),
         "config_errors": loaded.errors.len(),
@@ -41,14 +61,11 @@ pub fn gather(root: &Root) -> Value {
     }
     let live = systemd::runtime().map_err(|e| e.to_string()).and_then(|rt| {
         rt.block_on(async {
-            let sd = Systemd::connect().await.map_err(|e| e.to_string())?;
+            let sd = Systemd::connect(root.manager())
+                .await
+                .map_err(|e| e.to_string())?;
             let mut units = serde_json::Map::new();
-            for unit in [
-                "berth.target",
-                "berth-drain.service",
-                "berth-autostart.service",
-                "berth-daemon.service",
-            ] {
+            for unit in UNITS {
                 let active_state = sd.active_state(unit).await.map_err(|e| e.to_string())?;
                 let main_pid = if unit.ends_with(".service") {
                     sd.details(unit).await.map(|d| d.main_pid).unwrap_or(0)
@@ -63,6 +80,14 @@ pub fn gather(root: &Root) -> Value {
             Ok::<_, String>(units)
         })
     });
+    // A user manager without a user bus still answers systemctl on its
+    // private socket: a missing bus alone does not make it unusable.
+    let live = match live {
+        Err(reason) if root.manager() == Manager::User => {
+            via_systemctl(Manager::User).map_err(|e| format!("{reason}; systemctl --user: {e}"))
+        }
+        other => other,
+    };
     match live {
         Ok(units) => {
             out["loaded"] = json!(true);
@@ -78,13 +103,46 @@ pub fn gather(root: &Root) -> Value {
     out
 }
 
+/// The berth units' state from `systemctl show` (which uses the manager's
+/// private socket), when the bus is not there.
+fn via_systemctl(manager: Manager) -> Result<serde_json::Map<String, Value>, String> {
+    let out = std::process::Command::new("systemctl")
+        .args([manager.flag(), "show", "--property=Id,ActiveState,MainPID"])
+        .args(UNITS)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut units = serde_json::Map::new();
+    for (block, unit) in text.split("\n\n").zip(UNITS) {
+        let field = |name: &str| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+                .unwrap_or("")
+                .to_string()
+        };
+        let main_pid: u32 = field("MainPID").parse().unwrap_or(0);
+        units.insert(
+            unit.into(),
+            json!({"active_state": field("ActiveState"), "main_pid": main_pid}),
+        );
+    }
+    if units.len() != UNITS.len() {
+        return Err(format!("unexpected output: {text}"));
+    }
+    Ok(units)
+}
+
 /// The daemon's health from its status file; a heartbeat that stopped
 /// advancing makes a live daemon `degraded`.
 fn daemon_health(root: &Root, loaded: &config::Loaded, active: bool) -> Value {
     if !active {
         return json!({"running": false});
     }
-    let path = root.join(DAEMON_RUNTIME_DIR).join("status.json");
+    let path = root.runtime_dir().join("status.json");
     let Ok(doc) = std::fs::read(&path)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
@@ -134,7 +192,7 @@ fn frozen(root: &Root, loaded: &config::Loaded) -> Value {
 }
 
 fn last_drain(root: &Root) -> Value {
-    let path = root.join(STATE_DIR).join("last-drain.json");
+    let path = root.state_dir().join("last-drain.json");
     let Ok(report) = std::fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice::<crate::drain::Report>(&b).ok())
@@ -180,6 +238,9 @@ fn parse_rfc3339(s: &str) -> Option<SystemTime> {
 pub fn text(v: &Value) -> String {
     let mut out = String::new();
     let yes = |b: &Value| if b == true { "yes" } else { "no" };
+    if let Some(manager) = v["manager"].as_str() {
+        out.push_str(&format!("manager: {manager}\n"));
+    }
     out.push_str(&format!("installed: {}\n", yes(&v["installed"])));
     out.push_str(&format!("loaded: {}", yes(&v["loaded"])));
     if let Some(reason) = v["reason"].as_str() {

@@ -20,6 +20,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::paths::Manager;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
@@ -84,6 +85,23 @@ impl SystemdError {
             self.error_name.as_str(),
             "org.freedesktop.systemd1.NoSuchJob" | "org.freedesktop.systemd1.NoSuchProcess"
         )
+    }
+}
+
+impl SystemdError {
+    /// Worth another try: the call timed out or the connection broke (a
+    /// bus restarting, a manager busy reloading), as opposed to an answer
+    /// that says no (access denied, no such unit, …).
+    pub fn is_transient(&self) -> bool {
+        self.error_name.is_empty()
+            || matches!(
+                self.error_name.as_str(),
+                "org.freedesktop.DBus.Error.NoReply"
+                    | "org.freedesktop.DBus.Error.Timeout"
+                    | "org.freedesktop.DBus.Error.TimedOut"
+                    | "org.freedesktop.DBus.Error.Disconnected"
+                    | "org.freedesktop.DBus.Error.LimitsExceeded"
+            )
     }
 }
 
@@ -198,8 +216,8 @@ impl Systemd {
     /// every reply there and the bus is what works. The drain unit is
     /// therefore ordered `After=dbus.service`: the bus stays up until the
     /// drain is done.
-    pub async fn connect() -> Result<Systemd, SystemdError> {
-        match tokio::time::timeout(CALL_TIMEOUT * 2, Self::connect_inner()).await {
+    pub async fn connect(manager: Manager) -> Result<Systemd, SystemdError> {
+        match tokio::time::timeout(CALL_TIMEOUT * 2, Self::connect_inner(manager)).await {
             Ok(result) => result,
             Err(_) => Err(SystemdError {
                 operation: "connect to",
@@ -210,9 +228,16 @@ impl Systemd {
         }
     }
 
-    async fn connect_inner() -> Result<Systemd, SystemdError> {
-        if is_root()
-            && let Ok(stream) = std::os::unix::net::UnixStream::connect(PRIVATE_SOCKET)
+    /// A user manager: `$XDG_RUNTIME_DIR/systemd/private` first, then the
+    /// user bus (`$DBUS_SESSION_BUS_ADDRESS`, else `$XDG_RUNTIME_DIR/bus`).
+    async fn connect_inner(manager: Manager) -> Result<Systemd, SystemdError> {
+        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
+        let private = match manager {
+            Manager::System => is_root().then(|| std::path::PathBuf::from(PRIVATE_SOCKET)),
+            Manager::User => runtime_dir.as_ref().map(|d| d.join("systemd/private")),
+        };
+        if let Some(private) = private
+            && let Ok(stream) = std::os::unix::net::UnixStream::connect(private)
             && let Ok(conn) = zbus::connection::Builder::unix_stream(stream)
                 .p2p()
                 .method_timeout(CALL_TIMEOUT)
@@ -222,12 +247,16 @@ impl Systemd {
         {
             return Ok(systemd);
         }
-        let conn = zbus::connection::Builder::system()
+        let (builder, bus) = match manager {
+            Manager::System => (zbus::connection::Builder::system(), "system bus"),
+            Manager::User => (user_bus(runtime_dir.as_deref()), "user bus"),
+        };
+        let conn = builder
             .method_timeout(CALL_TIMEOUT)
             .build()
             .await
-            .map_err(|e| error("connect to", "the system bus", e))?;
-        Self::setup(conn, "system bus").await
+            .map_err(|e| error("connect to", bus, e))?;
+        Self::setup(conn, bus).await
     }
 
     async fn setup(conn: Connection, via: &'static str) -> Result<Systemd, SystemdError> {
@@ -476,6 +505,51 @@ impl Systemd {
         Ok(rx)
     }
 
+    /// One property of a unit by interface (`Unit`, `Service`, …) and name.
+    pub async fn unit_property<R>(&self, unit: &str, interface: &str, name: &str) -> Result<R, SystemdError>
+    where
+        R: TryFrom<OwnedVariant>,
+        R::Error: Into<zbus::Error>,
+    {
+        self.property(unit, &format!("org.freedesktop.systemd1.{interface}"), name)
+            .await
+    }
+
+    /// The unit's pending job id, 0 when none.
+    pub async fn pending_job(&self, unit: &str) -> Result<u32, SystemdError> {
+        let (id, _): (u32, OwnedObjectPath) = self.unit_property(unit, "Unit", "Job").await?;
+        Ok(id)
+    }
+
+    /// `systemctl is-enabled` for a unit file name (`enabled`, `disabled`, …).
+    pub async fn unit_file_state(&self, unit: &str) -> Result<String, SystemdError> {
+        self.call(MANAGER_PATH, MANAGER, "GetUnitFileState", &(unit,))
+            .await
+            .map_err(|e| error("GetUnitFileState", unit, e))
+    }
+
+    /// `systemctl enable` without the reload: the symlinks its [Install]
+    /// section asks for, as (type, link, target) changes.
+    pub async fn enable_unit_file(&self, unit: &str) -> Result<Vec<(String, String, String)>, SystemdError> {
+        let (_, changes): (bool, Vec<(String, String, String)>) = self
+            .call(
+                MANAGER_PATH,
+                MANAGER,
+                "EnableUnitFiles",
+                &(vec![unit], false, false),
+            )
+            .await
+            .map_err(|e| error("EnableUnitFiles", unit, e))?;
+        Ok(changes)
+    }
+
+    /// `systemctl disable` without the reload.
+    pub async fn disable_unit_file(&self, unit: &str) -> Result<Vec<(String, String, String)>, SystemdError> {
+        self.call(MANAGER_PATH, MANAGER, "DisableUnitFiles", &(vec![unit], false))
+            .await
+            .map_err(|e| error("DisableUnitFiles", unit, e))
+    }
+
     async fn load(&self, unit: &str) -> Result<OwnedObjectPath, SystemdError> {
         self.call(MANAGER_PATH, MANAGER, "LoadUnit", &(unit,))
             .await
@@ -552,6 +626,17 @@ async fn read_job_signals(mut stream: MessageStream, jobs: Arc<Mutex<Jobs>>) {
             .complete(path.as_str().to_string(), result);
     }
     jobs.lock().expect("job table lock").close();
+}
+
+/// The user bus: `$DBUS_SESSION_BUS_ADDRESS`, else the socket systemd's
+/// dbus.socket (dbus-user-session) listens on.
+fn user_bus(runtime_dir: Option<&std::path::Path>) -> zbus::connection::Builder<'static> {
+    match (std::env::var_os("DBUS_SESSION_BUS_ADDRESS"), runtime_dir) {
+        (None, Some(dir)) => {
+            zbus::connection::Builder::address(format!("unix:path={}/bus", dir.display()).as_str())
+        }
+        _ => zbus::connection::Builder::session(),
+    }
 }
 
 fn is_root() -> bool {

@@ -7,6 +7,7 @@ use toml::Table;
 use super::read::{Origin, Reader, merge, parse_file};
 use super::workload::check_unit_list;
 use super::{ConfigError, Manager};
+use crate::paths::Root;
 use crate::plan;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,7 +22,14 @@ pub struct HostSettings {
     /// drain is done).
     pub drain_after: Vec<String>,
     pub daemon: DaemonSettings,
+    /// The manager these settings are for (decides defaults and limits).
+    pub manager: Manager,
 }
+
+/// A user manager is stopped within user@.service's TimeoutStopSec (120 s
+/// by default): a default config must fit under it.
+pub const USER_DEFAULT_DRAIN_DEADLINE_S: u64 = 60;
+pub const USER_DEFAULT_STOP_DELAY_S: u64 = 30;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonSettings {
@@ -44,7 +52,22 @@ impl Default for HostSettings {
             default_stop_delay_s: 60,
             drain_after: Vec::new(),
             daemon: DaemonSettings::default(),
+            manager: Manager::System,
         }
+    }
+}
+
+impl HostSettings {
+    /// The built-in defaults for the manager and paths of `root`.
+    pub fn defaults_for(root: &Root) -> Self {
+        let mut d = HostSettings::default();
+        if root.manager() == Manager::User {
+            d.manager = Manager::User;
+            d.drain_deadline_s = USER_DEFAULT_DRAIN_DEADLINE_S;
+            d.default_stop_delay_s = USER_DEFAULT_STOP_DELAY_S;
+        }
+        d.daemon.socket = root.default_socket();
+        d
     }
 }
 
@@ -90,7 +113,7 @@ const MAX_SOCKET_PATH: usize = 107;
 /// (unless another host file sets it); every valid setting applies. An
 /// admin's `force_off_on_timeout = false` must not be lost to a typo in
 /// `drain_parallelism`: the workloads inherit these defaults.
-pub(super) fn load(files: &[PathBuf], manager: Manager) -> (HostSettings, Vec<ConfigError>) {
+pub(super) fn load(files: &[PathBuf], defaults: &HostSettings) -> (HostSettings, Vec<ConfigError>) {
     let mut errors = Vec::new();
     let mut merged = Table::new();
     let mut origin = Origin::single(
@@ -108,12 +131,12 @@ pub(super) fn load(files: &[PathBuf], manager: Manager) -> (HostSettings, Vec<Co
             Err(e) => errors.push(e),
         }
     }
-    let settings = validate(&merged, &origin, manager, &mut errors);
+    let settings = validate(&merged, &origin, defaults, &mut errors);
     (settings, errors)
 }
 
-fn validate(table: &Table, origin: &Origin, manager: Manager, errors: &mut Vec<ConfigError>) -> HostSettings {
-    let d = HostSettings::default();
+fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<ConfigError>) -> HostSettings {
+    let manager = d.manager;
     let mut r = Reader::new(table, "", origin);
     let drain_parallelism = r.int("drain_parallelism", d.drain_parallelism.into(), 1, 4096) as u32;
     let force_off_on_timeout = r.bool("force_off_on_timeout", d.force_off_on_timeout);
@@ -181,6 +204,7 @@ fn validate(table: &Table, origin: &Origin, manager: Manager, errors: &mut Vec<C
         default_stop_delay_s,
         drain_after,
         daemon,
+        manager,
     }
 }
 
@@ -192,7 +216,7 @@ mod tests {
         let table: Table = text.parse().unwrap();
         let origin = Origin::single(Path::new("/etc/berth/berth.toml"));
         let mut errors = Vec::new();
-        let s = validate(&table, &origin, Manager::System, &mut errors);
+        let s = validate(&table, &origin, &HostSettings::default(), &mut errors);
         if errors.is_empty() { Ok(s) } else { Err(errors) }
     }
 
@@ -275,13 +299,13 @@ mod tests {
             .unwrap();
         let mut errors = Vec::new();
         let origin = Origin::single(Path::new("/etc/berth/berth.toml"));
-        let s = validate(&table, &origin, Manager::System, &mut errors);
+        let s = validate(&table, &origin, &HostSettings::default(), &mut errors);
         assert_eq!(errors.len(), 1);
         assert_eq!(s.drain_parallelism, 4);
         assert!(!s.force_off_on_timeout);
         assert_eq!(s.default_stop_delay_s, 600);
         let table: Table = "drain_deadline_s = 100000".parse().unwrap();
-        let s = validate(&table, &origin, Manager::System, &mut errors);
+        let s = validate(&table, &origin, &HostSettings::default(), &mut errors);
         assert_eq!(
             s.drain_deadline_s, 180,
             "a deadline that does not fit takes the default"
@@ -321,14 +345,14 @@ mod tests {
         let frag = dir.join("10-x.toml");
         std::fs::write(&main, "drain_parallelism = 2\n[daemon]\nwatchdog_s = 10\n").unwrap();
         std::fs::write(&frag, "[daemon]\napi = \"no\"\n").unwrap();
-        let (s, errs) = load(&[main.clone(), frag.clone()], Manager::System);
+        let (s, errs) = load(&[main.clone(), frag.clone()], &HostSettings::default());
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].file, frag);
         assert_eq!(errs[0].key.as_deref(), Some("daemon.api"));
         assert_eq!(s.daemon.watchdog_s, 10, "valid settings apply despite the error");
         assert!(s.daemon.api, "the setting in error takes its default");
         std::fs::write(&frag, "[daemon]\napi = false\n").unwrap();
-        let (s, errs) = load(&[main, frag], Manager::System);
+        let (s, errs) = load(&[main, frag], &HostSettings::default());
         assert!(errs.is_empty());
         assert_eq!(s.drain_parallelism, 2);
         assert_eq!(s.daemon.watchdog_s, 10, "fragment merges key by key");

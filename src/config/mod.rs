@@ -6,7 +6,7 @@
 //! is reported and left out, a broken host file falls back to built-in
 //! defaults, and everything else is still returned.
 
-mod host;
+pub mod host;
 mod passthrough;
 mod read;
 mod source;
@@ -71,11 +71,7 @@ fn is_plain_key(key: &str) -> bool {
 
 impl std::error::Error for ConfigError {}
 
-/// What the manager the units are for allows; decides which deadlines fit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Manager {
-    System,
-}
+pub use crate::paths::Manager;
 
 /// Everything berth knows from config, good and bad.
 #[derive(Debug, Clone)]
@@ -107,13 +103,13 @@ impl Loaded {
 /// Loads and validates everything under `root`.
 pub fn load(root: &Root) -> Loaded {
     let found = source::discover(root);
-    load_discovered(found, Manager::System)
+    load_discovered(found, &HostSettings::defaults_for(root))
 }
 
-fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
+fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
     let mut errors = found.errors;
 
-    let (host, mut host_errors) = host::load(&found.host_files, manager);
+    let (host, mut host_errors) = host::load(&found.host_files, defaults);
     let host_has_errors = !(found.host_errors.is_empty() && host_errors.is_empty());
     errors.extend(found.host_errors);
     errors.append(&mut host_errors);
@@ -141,7 +137,7 @@ fn load_discovered(found: Discovered, manager: Manager) -> Loaded {
 pub fn load_workload(root: &Root, name: &str) -> Option<Workload> {
     let path = source::find_workload(root, name)?;
     let host = source::discover_host(root);
-    let (host, _) = host::load(&host.host_files, Manager::System);
+    let (host, _) = host::load(&host.host_files, &HostSettings::defaults_for(root));
     workload::load(name, &path, &host).ok()
 }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::ConfigError;
 use super::workload::is_valid_workload_name;
-use crate::paths::{CONFIG_DIRS, HOST_FILE, HOST_FRAGMENT_DIR, Root, WORKLOAD_DIR};
+use crate::paths::{HOST_FILE, HOST_FRAGMENT_DIR, Root, WORKLOAD_DIR};
 
 #[derive(Debug, Default)]
 pub struct Discovered {
@@ -31,7 +31,7 @@ pub struct Discovered {
 
 pub fn discover(root: &Root) -> Discovered {
     let mut found = discover_host(root);
-    let dirs: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| root.join(d)).collect();
+    let dirs = root.config_dirs();
 
     let (workloads, masked) = winners(
         &dirs.iter().map(|d| d.join(WORKLOAD_DIR)).collect::<Vec<_>>(),
@@ -64,7 +64,7 @@ const DEV_NULL: u64 = (1 << 8) | 3;
 /// The host files only.
 pub fn discover_host(root: &Root) -> Discovered {
     let mut found = Discovered::default();
-    let dirs: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| root.join(d)).collect();
+    let dirs = root.config_dirs();
     for dir in &dirs {
         let path = dir.join(HOST_FILE);
         match entry_state(&path) {
@@ -92,8 +92,8 @@ pub fn discover_host(root: &Root) -> Discovered {
 
 /// The winning file of one workload, without listing every directory.
 pub fn find_workload(root: &Root, name: &str) -> Option<PathBuf> {
-    for dir in CONFIG_DIRS {
-        let path = root.join(dir).join(WORKLOAD_DIR).join(format!("{name}.toml"));
+    for dir in root.config_dirs() {
+        let path = dir.join(WORKLOAD_DIR).join(format!("{name}.toml"));
         match entry_state(&path) {
             Entry::Missing => continue,
             Entry::File => return Some(path),

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use toml::Value;
 
-use super::ConfigError;
 use super::host::{HostSettings, MAX_DELAY_S};
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file};
+use super::{ConfigError, Manager};
 
 /// Longest workload name. With `berth@` and `.service` around it the unit
 /// name stays far below systemd's 255, and it fits a file name anywhere.
@@ -206,6 +206,18 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
     let group = r
         .opt_text("group")
         .filter(|g| account_name_ok(&mut r, "group", g));
+    if host.manager == Manager::User {
+        // A user manager runs everything as its user; systemd would fail
+        // the start with "Operation not permitted" (216/GROUP).
+        for (key, set) in [("user", user.is_some()), ("group", group.is_some())] {
+            if set {
+                r.error(
+                    key,
+                    "is for the system manager: a user manager runs workloads as its own user",
+                );
+            }
+        }
+    }
 
     let mut service = Vec::new();
     if let Some(t) = r.opt_table("service") {

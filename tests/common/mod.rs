@@ -63,7 +63,7 @@ pub fn built_units() -> PathBuf {
                 .status()
                 .expect("run make units");
             assert!(status.success(), "make units failed");
-            repo().join("target/test-units/units")
+            repo().join("target/test-units/units/system")
         })
         .clone()
 }

@@ -1,0 +1,111 @@
+//! The packaged units, rendered for one manager and one binary location.
+//!
+//! One template per unit (`units/*.in`) serves both managers; the few
+//! places where they differ are placeholders filled here, and only here:
+//! `make` (through `berth render-units`) and `berth install` both call
+//! [`render`], so a packaged unit and one installed from a source tree
+//! cannot drift apart.
+
+use std::path::Path;
+
+use crate::paths::{Manager, STATE_DIR};
+use crate::render::exec_line;
+
+/// (unit file name, template). berth.target first: it is what gets enabled.
+pub const TEMPLATES: [(&str, &str); 6] = [
+    ("berth.target", include_str!("../units/berth.target.in")),
+    ("berth.slice", include_str!("../units/berth.slice.in")),
+    (
+        "berth-drain.service",
+        include_str!("../units/berth-drain.service.in"),
+    ),
+    (
+        "berth-autostart.service",
+        include_str!("../units/berth-autostart.service.in"),
+    ),
+    (
+        "berth-daemon.service",
+        include_str!("../units/berth-daemon.service.in"),
+    ),
+    ("berth@.service", include_str!("../units/berth@.service.in")),
+];
+
+pub const TARGET: &str = "berth.target";
+pub const DRAIN: &str = "berth-drain.service";
+pub const AUTOSTART: &str = "berth-autostart.service";
+pub const DAEMON: &str = "berth-daemon.service";
+
+/// The unit texts for `manager`, with the `berth` binary in `bindir`.
+pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
+    let program = bindir.join("berth").to_string_lossy().into_owned();
+    // Quoted (by the one escaper) only when it has to be: the usual
+    // /usr/bin/berth stays readable in `systemctl cat`.
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._+-".contains(c);
+    let berth = if program.chars().all(plain) {
+        program
+    } else {
+        exec_line(&[program])
+    };
+    let (berth, state_dir, base_targets, wanted_by) = match manager {
+        Manager::System => (
+            berth,
+            STATE_DIR,
+            "sysinit.target basic.target",
+            "multi-user.target",
+        ),
+        // A user manager has no sysinit.target; %S is resolved by the user
+        // manager itself, the way paths::Root resolves it for berth.
+        Manager::User => (
+            format!("{berth} --user"),
+            "%S/berth/state",
+            "basic.target",
+            "default.target",
+        ),
+    };
+    TEMPLATES
+        .iter()
+        .map(|(name, template)| {
+            let text = template
+                .replace("@BERTH@", &berth)
+                .replace("@STATE_DIR@", state_dir)
+                .replace("@BASE_TARGETS@", base_targets)
+                .replace("@WANTED_BY@", wanted_by);
+            (*name, text)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        for manager in [Manager::System, Manager::User] {
+            for (name, text) in render(manager, Path::new("/usr/bin")) {
+                assert!(
+                    !text.contains("@BERTH@") && !text.contains("@STATE_DIR@"),
+                    "{name}"
+                );
+                assert!(
+                    !text.contains("@BASE_TARGETS@") && !text.contains("@WANTED_BY@"),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_user_units_talk_to_the_user_manager() {
+        let units = render(Manager::User, Path::new("/home/u/.local/bin"));
+        let drain = &units.iter().find(|(n, _)| *n == DRAIN).unwrap().1;
+        assert!(drain.contains("ExecStop=/home/u/.local/bin/berth --user drain\n"));
+        let target = &units.iter().find(|(n, _)| *n == TARGET).unwrap().1;
+        assert!(target.contains("WantedBy=default.target\n"));
+        let autostart = &units.iter().find(|(n, _)| *n == AUTOSTART).unwrap().1;
+        assert!(autostart.contains("ConditionPathExists=!%S/berth/state/freeze/node\n"));
+        let system = render(Manager::System, Path::new("/usr/bin"));
+        let drain = &system.iter().find(|(n, _)| *n == DRAIN).unwrap().1;
+        assert!(drain.contains("ExecStop=/usr/bin/berth drain\n"));
+    }
+}
