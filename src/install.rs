@@ -686,13 +686,25 @@ pub async fn uninstall(root: &Root, purge: bool) -> Result<Report, Error> {
     Ok(report)
 }
 
+/// Empties the state directory; the directory itself stays (tmpfiles.d
+/// owns it, and it may be a mount point).
 fn purge_state(root: &Root, report: &mut Report) -> Result<(), Error> {
     let dir = root.state_dir();
-    match fs::remove_dir_all(&dir) {
-        Ok(()) => report.say(format!("purged {}", dir.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(fail(Step::Purge, format!("{}: {e}", dir.display()))),
+    };
+    for entry in entries {
+        let path = entry.map_err(|e| fail(Step::Purge, e))?.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        removed.map_err(|e| fail(Step::Purge, format!("{}: {e}", path.display())))?;
     }
+    report.say(format!("purged the state in {}", dir.display()));
     Ok(())
 }
 
