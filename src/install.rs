@@ -492,9 +492,10 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Err
     };
     // Recorded before anything else can fail, so uninstall can undo it.
     write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
-    if changes_files {
-        retrying(Step::Reload, || sd.reload()).await?;
-    }
+    // Always: it also reruns the generators, so config written since the
+    // last boot is what the target starts with. A reload changes no unit's
+    // state, so a repeated install stays a no-op.
+    retrying(Step::Reload, || sd.reload()).await?;
 
     let state = retrying(Step::Enable, || sd.unit_file_state(TARGET)).await?;
     if !is_enabled(&state) {
