@@ -5,6 +5,7 @@
 #   make check                the whole test suite: lint, cargo tests, and
 #                             container scenarios (root: boots systemd)
 #   make demo                 a throwaway systemd container running the examples
+#   make deb [DEB_VERSION=]   the Debian package, into $(BUILD_DIR)/deb/
 #
 # Directory variables follow the GNU conventions; the systemd ones default
 # to what pkg-config's systemd.pc says (on Debian 12 that is /lib/...,
@@ -40,7 +41,7 @@ UNITS := berth.target berth.slice berth-drain.service berth-autostart.service be
 
 INSTALL ?= install
 
-.PHONY: all build units man completions install uninstall deps lint check demo bench clean FORCE
+.PHONY: all build units man completions install uninstall deb deps lint check demo bench clean FORCE
 all: build units man completions
 
 build:
@@ -97,6 +98,29 @@ uninstall:
 	rm -f $(DESTDIR)$(SYSUSERS_DIR)/berth.conf $(DESTDIR)$(TMPFILES_DIR)/berth.conf
 	rm -f $(DESTDIR)$(DATADIR)/bash-completion/completions/berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish
 	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
+
+# The Debian package (debian/), built with this Makefile: debian/rules runs
+# `make all` and `make install DESTDIR=debian/berth PREFIX=/usr` and packages
+# whatever that installs. debian/rules is run directly rather than through
+# dpkg-buildpackage, which writes into the checkout's parent directory and
+# would insist on Debian's cargo; the .deb lands in $(DEB_DIR) instead.
+# `debian/rules clean` before and after: dh skips steps its logs say ran,
+# and the checkout is left as it was.
+# Generated units etc. go to their own $(BUILD_DIR)/debian, as their paths
+# are /usr's. The crates are fetched first: the package build itself runs
+# offline. DEB_VERSION=0.1.0-2 builds the same tree as another version
+# without editing debian/changelog (a rebuild reuses cargo's build).
+DEB_DIR ?= $(BUILD_DIR)/deb
+DEB_VERSION ?=
+deb:
+	$(CARGO) fetch $(CARGO_FLAGS)
+	debian/rules clean
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
+		BERTH_BUILD_DIR='$(abspath $(BUILD_DIR))/debian' \
+		BERTH_DEB_DIR='$(abspath $(DEB_DIR))' \
+		BERTH_DEB_VERSION='$(DEB_VERSION)' \
+		debian/rules binary
+	debian/rules clean
 
 # Debian packages the build and the suite need (a no-op when present).
 deps:

@@ -113,12 +113,17 @@ ct_boot() {
     fi
     # A scenario may seed state (e.g. freeze flags) before boot.
     if declare -F ct_seed >/dev/null; then ct_seed; fi
-    systemd-nspawn --quiet --register=no --keep-unit -D "$ROOTFS" --volatile=overlay -b \
+    local root=(-D "$ROOTFS" --volatile=overlay
+        --bind="$CT_DIR/etc-berth:/etc/berth"
+        --bind="$CT_DIR/journal:/var/log/journal"
+        --bind="$CT_DIR/state:/var/lib/berth")
+    # CT_ROOT=DIR boots DIR itself instead: writable, kept across power-off
+    # (a host of its own, e.g. a copy of $BASE to install a package into),
+    # with only /out bound; its /etc/berth, state and journal are its own.
+    [ -z "${CT_ROOT:-}" ] || root=(-D "$CT_ROOT")
+    systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
         --machine="$CT_NAME" \
         --bind="$CT_DIR/out:/out" \
-        --bind="$CT_DIR/etc-berth:/etc/berth" \
-        --bind="$CT_DIR/journal:/var/log/journal" \
-        --bind="$CT_DIR/state:/var/lib/berth" \
         systemd.firstboot=off systemd.unit=multi-user.target "$@" \
         </dev/null >"$CT_DIR/console.log" 2>&1 &
     CT_NSPAWN=$!

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The Debian package (make deb) on a host of its own: a fresh copy of the
+# debootstrapped base, booted non-volatile so that it keeps its state
+# across power-off like a real machine.
+#  1. `dpkg -i` enables, starts and stops nothing; the group, state
+#     directory, catalog and units are there, and the units verify;
+#  2. the admin's config and `systemctl enable --now berth.target` run the
+#     workloads; a real power-off drains them; the next boot starts them;
+#  3. an upgrade to a rebuilt package (`dpkg -i`, next version) leaves every
+#     workload and the armed drain untouched (same InvocationID), keeps
+#     berth.target enabled, and the daemon relaunches on its new binary
+#     (postinst's SIGHUP; exit 75, Restart=always);
+#  4. `dpkg -r` with workloads running: they keep running; what the units
+#     look like after the next daemon-reload, and whether a power-off then
+#     drains, is printed as measured.
+source "$(dirname "$0")/../lib.sh"
+scenario_begin 13-package
+
+command -v dh >/dev/null && command -v dpkg-parsechangelog >/dev/null \
+    || die "make deb needs debhelper and dpkg-dev (tests/harness/deps installs them)"
+
+wait_for() { # wait_for SECONDS COMMAND...
+    local i
+    for i in $(seq $(($1 * 10))); do "${@:2}" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+# status_of COMMAND...: "0", or the exit status and what the command said.
+status_of() {
+    local out rc
+    out=$("$@" 2>&1) && rc=0 || rc=$?
+    if [ "$rc" = 0 ]; then echo 0; else printf 'exit %s\n%s\n' "$rc" "$out"; fi
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# --- the packages -------------------------------------------------------------
+# The changelog's version, and a rebuild of the same tree as the next Debian
+# revision (what an upgrade looks like to dpkg). The second build reuses
+# cargo's build.
+V1=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
+V2=${V1%-*}-$((${V1##*-} + 1))
+DEB_DIR=$HARNESS_DIR/build/deb
+rm -rf "$DEB_DIR"
+t=$(now)
+make -s -C "$REPO" deb BUILD_DIR="$HARNESS_DIR/build" >"$HARNESS_DIR/deb-$V1.log" 2>&1 \
+    || die "make deb failed; see $HARNESS_DIR/deb-$V1.log"
+log "  make deb ($V1): $(since "$t") s"
+t=$(now)
+make -s -C "$REPO" deb BUILD_DIR="$HARNESS_DIR/build" DEB_VERSION="$V2" >"$HARNESS_DIR/deb-$V2.log" 2>&1 \
+    || die "make deb DEB_VERSION=$V2 failed; see $HARNESS_DIR/deb-$V2.log"
+log "  make deb DEB_VERSION=$V2: $(since "$t") s"
+arch=$(dpkg --print-architecture)
+DEB1=berth_${V1}_$arch.deb
+DEB2=berth_${V2}_$arch.deb
+check_eq "make deb built $DEB1" "$V1" "$(dpkg-deb -f "$DEB_DIR/$DEB1" Version 2>&1)"
+check_eq "make deb DEB_VERSION=$V2 built $DEB2" "$V2" "$(dpkg-deb -f "$DEB_DIR/$DEB2" Version 2>&1)"
+check_eq "make deb leaves nothing in debian/ or the checkout's parent" "" \
+    "$(git -C "$REPO" status --porcelain --ignored --untracked-files=all -- debian | grep -E '^(\?\?|!!)'; ls "$REPO/.." | grep -E '^berth[-_].*\.(deb|ddeb|changes|buildinfo)$' || true)"
+
+# What the maintainer scripts do, read from the package itself.
+ctrl=$HARNESS_DIR/run/package-control
+rm -rf "$ctrl" && mkdir -p "$HARNESS_DIR/run"
+dpkg-deb -e "$DEB_DIR/$DEB1" "$ctrl"
+check_eq "maintainer scripts: postinst and postrm only" "postinst postrm" \
+    "$(cd "$ctrl" && for f in preinst postinst prerm postrm; do [ ! -e "$f" ] || printf '%s ' "$f"; done | sed 's/ $//')"
+code=$(cat "$ctrl"/postinst "$ctrl"/postrm | grep -v '^[[:space:]]*#')
+check_eq "no script enables, starts, stops, restarts or isolates a unit" "" \
+    "$(printf '%s\n' "$code" | grep -nE 'deb-systemd-(helper|invoke)|invoke-rc\.d|systemctl.*(start|stop|restart|isolate|enable|mask)' || true)"
+check_eq "systemctl is only daemon-reload, is-active and kill" "daemon-reload is-active kill" \
+    "$(printf '%s\n' "$code" | grep -oE 'systemctl [a-z-]+' | awk '{ print $2 }' | sort -u | xargs)"
+check_eq "the one kill is a SIGHUP to the daemon's main process" \
+    "systemctl kill --kill-who=main --signal=HUP berth-daemon.service" \
+    "$(printf '%s\n' "$code" | grep -oE 'systemctl kill [^|;&]*[^|;& ]' | sort -u)"
+
+# --- a host of its own ----------------------------------------------------------
+CT_ROOT=$HARNESS_DIR/root-package
+rm -rf "$CT_ROOT"
+cp -a "$BASE" "$CT_ROOT"
+install -d "$CT_ROOT/opt/berth-test" "$CT_ROOT/root/debs"
+install -m755 "$REPO"/tests/harness/bin/* "$CT_ROOT/opt/berth-test/"
+cp "$DEB_DIR/$DEB1" "$DEB_DIR/$DEB2" "$CT_ROOT/root/debs/"
+systemctl --root="$CT_ROOT" mask console-getty.service >/dev/null 2>&1 || true
+
+ct_boot package ""
+check "the fresh root has no berth" ct test ! -e /usr/bin/berth
+
+# --- 1. install -----------------------------------------------------------------
+check_eq "dpkg -i $DEB1 exits 0" 0 "$(status_of ct dpkg -i "/root/debs/$DEB1")"
+check_eq "installed version" "$V1" "$(ct dpkg-query -W -f '${Version}' berth)"
+check_eq "berth.target is not enabled" disabled "$(ct systemctl is-enabled berth.target 2>&1 || true)"
+check_eq "no berth unit is active or activating" "" \
+    "$(ct systemctl list-units --all --no-legend --plain --state=active,activating,reloading,deactivating 'berth*' 2>&1)"
+for u in berth.target berth-drain.service berth-autostart.service berth-daemon.service berth.slice; do
+    check_eq "$u loaded and inactive" "loaded inactive" "$(ct_prop "$u" LoadState) $(ct_prop "$u" ActiveState)"
+done
+check "the berth group exists" ct getent group berth
+check "/var/lib/berth exists" ct test -d /var/lib/berth/records
+check_eq "/run/berthd belongs to the berth group" "root:berth 750" "$(ct stat -c '%U:%G %a' /run/berthd 2>&1)"
+check "the journal catalog knows berth's records" \
+    sh -c "nsenter -t $CT_PID -a journalctl --list-catalog a0ddea6ee36c427990a5421dd1040be6 | grep -q a0ddea6e"
+out=$(ct systemd-analyze verify --man=no berth.target berth-drain.service berth-autostart.service \
+    berth-daemon.service berth.slice berth@example.service 2>&1) && rc=0 || rc=$?
+check_eq "systemd-analyze verify of the installed units is clean" "0:" "$rc:$out"
+
+# --- 2. configure, enable, power off, boot ------------------------------------
+install -d "$CT_ROOT/etc/berth"
+cp -a "$REPO/tests/harness/config/pair/." "$CT_ROOT/etc/berth/"
+check "berth check accepts it" ct berth check
+check "systemctl daemon-reload" ct systemctl daemon-reload
+check "systemctl enable --now berth.target" ct systemctl enable --now berth.target
+check_eq "berth.target enabled" enabled "$(ct systemctl is-enabled berth.target 2>&1 || true)"
+for w in a b; do
+    check "berth@$w started" wait_for 20 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth@$w.service)\" = active ]"
+done
+check_eq "drain armed" "active/exited" "$(ct_prop berth-drain.service ActiveState)/$(ct_prop berth-drain.service SubState)"
+check "daemon running" wait_for 10 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth-daemon.service)\" = active ]"
+
+first_a=$(ct_prop berth@a.service InvocationID)
+t=$(now)
+ct_poweroff 120
+log "  power-off: $(since "$t") s"
+check "power-off completed" test -z "$CT_PID"
+check "the drain stopped both workloads gracefully (last-drain.json)" python3 - "$CT_ROOT/var/lib/berth/last-drain.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+got = {w["workload"]: w["outcome"] for w in r["workloads"]}
+assert got == {"a": "GracefulOff", "b": "GracefulOff"}, got
+PY
+
+t=$(now)
+CT_KEEP_STATE=1 ct_boot package ""
+log "  boot: $(since "$t") s"
+for w in a b; do
+    check "berth@$w started again at boot" wait_for 20 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth@$w.service)\" = active ]"
+done
+check "as new invocations" test "$(ct_prop berth@a.service InvocationID)" != "$first_a"
+check_eq "by the autostart" "active success" "$(ct_prop berth-autostart.service ActiveState) $(ct_prop berth-autostart.service Result)"
+check "berth drain --last --json reports the power-off's drain" sh -c \
+    "nsenter -t $CT_PID -a berth drain --last --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert sorted(w[\"workload\"] for w in r[\"workloads\"] if w[\"outcome\"] == \"GracefulOff\") == [\"a\", \"b\"], r'"
+check "daemon running" wait_for 10 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth-daemon.service)\" = active ]"
+
+# --- 3. upgrade -----------------------------------------------------------------
+snapshot() {
+    local u
+    for u in berth@a.service berth@b.service berth-drain.service; do
+        printf '%s %s %s %s\n' "$u" "$(ct_prop "$u" InvocationID)" "$(ct_prop "$u" MainPID)" "$(ct_prop "$u" ActiveState)"
+    done
+}
+before=$(snapshot)
+daemon_pid=$(ct_prop berth-daemon.service MainPID)
+daemon_restarts=$(ct_prop berth-daemon.service NRestarts)
+sleep 1.1 # journalctl --since has whole seconds
+since_upgrade=$(ct date '+%Y-%m-%d %H:%M:%S')
+t=$(now)
+upgrade=$(status_of ct dpkg -i "/root/debs/$DEB2")
+log "  dpkg -i (upgrade): $(since "$t") s"
+check_eq "dpkg -i $DEB2 (upgrade) exits 0" 0 "$upgrade"
+check_eq "dpkg-query shows $V2" "$V2" "$(ct dpkg-query -W -f '${Version}' berth)"
+check_eq "workloads and drain untouched (InvocationID, MainPID, active)" "$before" "$(snapshot)"
+check_eq "berth.target still enabled" enabled "$(ct systemctl is-enabled berth.target 2>&1 || true)"
+relaunched() {
+    local pid
+    pid=$(ct_prop berth-daemon.service MainPID)
+    [ "$pid" != 0 ] && [ "$pid" != "$daemon_pid" ] && [ "$(ct_prop berth-daemon.service ActiveState)" = active ]
+}
+t=$(now)
+if wait_for 15 relaunched; then
+    ok "the daemon relaunched itself on the new binary (seen $(since "$t") s after dpkg)"
+else
+    not_ok "the daemon relaunched itself on the new binary" \
+        "MainPID $daemon_pid -> $(ct_prop berth-daemon.service MainPID), NRestarts $daemon_restarts -> $(ct_prop berth-daemon.service NRestarts), $(ct_prop berth-daemon.service ActiveState); exe: $(ct readlink "/proc/$daemon_pid/exe" 2>&1)"
+fi
+check "... and runs the new binary" sh -c \
+    "! nsenter -t $CT_PID -a readlink /proc/\$(nsenter -t $CT_PID -a systemctl show -P MainPID berth-daemon.service)/exe | grep -q deleted"
+check_contains "... because its binary was replaced" "the berth binary was replaced: relaunching (exit 75)" \
+    "$(ct journalctl -u berth-daemon.service --since "$since_upgrade" --no-pager)"
+check_eq "... through Restart=always, not a failure" "active success" \
+    "$(ct_prop berth-daemon.service ActiveState) $(ct_prop berth-daemon.service Result)"
+check_eq "no start or stop of a workload or the drain during the upgrade" "" \
+    "$(ct journalctl --since "$since_upgrade" --no-pager | grep -E '(Starting|Stopping|Started|Stopped) berth(@|-drain| host-shutdown| workload)' || true)"
+check_eq "workloads and drain still untouched" "$before" "$(snapshot)"
+
+# --- 4. dpkg -r with workloads running --------------------------------------------
+check_eq "dpkg -r berth exits 0" 0 "$(status_of ct dpkg -r berth)"
+check_eq "workloads and drain untouched by dpkg -r" "$before" "$(snapshot)"
+states() {
+    local u
+    for u in berth@a.service berth@b.service berth-drain.service berth-daemon.service berth.slice berth.target; do
+        printf '    %-22s %s/%s/%s\n' "$u" "$(ct_prop "$u" LoadState)" "$(ct_prop "$u" ActiveState)" "$(ct_prop "$u" SubState)"
+    done
+}
+log "  measured after dpkg -r (load/active/sub):"
+log "$(states)"
+ct systemctl daemon-reload
+log "  measured after the next daemon-reload:"
+log "$(states)"
+check_eq "workload processes still running after that reload" "$(printf '%s\n' "$before" | awk '$1 ~ /@/ { print $3 }')" \
+    "$(for w in a b; do ct_prop "berth@$w.service" MainPID; done)"
+drain_before=$(stat -c %Y "$CT_ROOT/var/lib/berth/last-drain.json")
+t=$(now)
+ct_poweroff 180
+log "  power-off after dpkg -r: $(since "$t") s"
+check "power-off completed" test -z "$CT_PID"
+if [ "$(stat -c %Y "$CT_ROOT/var/lib/berth/last-drain.json")" = "$drain_before" ]; then
+    log "  measured: no drain ran at that power-off (last-drain.json unchanged)"
+else
+    log "  measured: a drain ran at that power-off (last-drain.json rewritten)"
+fi
+# /out is unmounted before the final kill: the workloads' last words are on
+# the console.
+log "  measured: the end of that power-off on the console:"
+log "$(sed 's/\x1b\[[0-9;]*m//g' "$CT_DIR/console.log" | grep -E 'berth|Sending SIG|Stopped dbus' | tail -n 12 | sed 's/^/    /')"
