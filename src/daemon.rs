@@ -204,6 +204,14 @@ async fn run(root: Root, options: Options) -> i32 {
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
             _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
+                // A package upgrade (or make install) replaced the binary
+                // under us: noticed within one interval, no signal needed.
+                if binary_replaced() {
+                    sup.events.info("the berth binary was replaced: relaunching (exit 75)");
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                    api::stop(&socket);
+                    return EXIT_RELAUNCH;
+                }
                 let running = sup.pass(false).await;
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
                     "supervising {running} running workloads; last pass {}", rfc3339(sup.heartbeat)
@@ -225,10 +233,7 @@ async fn run(root: Root, options: Options) -> i32 {
             }
             _ = sighup.recv() => {
                 let fresh = config::load(&sup.root);
-                // A package upgrade replaced the binary under us.
-                let new_binary = std::fs::read_link("/proc/self/exe")
-                    .is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"));
-                if new_binary {
+                if binary_replaced() {
                     sup.events.info("the berth binary was replaced: relaunching (exit 75)");
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
                     api::stop(&socket);
@@ -250,6 +255,12 @@ async fn run(root: Root, options: Options) -> i32 {
             }
         }
     }
+}
+
+/// The running executable's file was replaced or removed (the kernel
+/// marks the link " (deleted)").
+fn binary_replaced() -> bool {
+    std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
 }
 
 impl Supervisor {
