@@ -154,6 +154,13 @@ ct_boot() {
     esac
 }
 
+# wait_for SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS.
+wait_for() {
+    local i
+    for i in $(seq $(($1 * 10))); do "${@:2}" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+
 # Runs a command inside the container.
 ct() { nsenter -t "$CT_PID" -a "$@"; }
 

@@ -4,7 +4,7 @@
 # across power-off like a real machine.
 #  1. `dpkg -i` enables, starts and stops nothing; the group, state
 #     directory, catalog and units are there, and the units verify;
-#  2. the admin's config and `systemctl enable --now berth.target` run the
+#  2. the admin's config and `berth install` (enable, start, verify) run the
 #     workloads; a real power-off drains them; the next boot starts them;
 #  3. an upgrade to a rebuilt package (`dpkg -i`, next version) leaves every
 #     workload and the armed drain untouched (same InvocationID), keeps
@@ -20,11 +20,6 @@ scenario_begin 13-package
 command -v dh >/dev/null && command -v dpkg-parsechangelog >/dev/null \
     || die "make deb needs debhelper and dpkg-dev (tests/harness/deps installs them)"
 
-wait_for() { # wait_for SECONDS COMMAND...
-    local i
-    for i in $(seq $(($1 * 10))); do "${@:2}" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    return 1
-}
 # status_of COMMAND...: "0", or the exit status and what the command said.
 status_of() {
     local out rc
@@ -105,7 +100,9 @@ install -d "$CT_ROOT/etc/berth"
 cp -a "$REPO/tests/harness/config/pair/." "$CT_ROOT/etc/berth/"
 check "berth check accepts it" ct berth check
 check "systemctl daemon-reload" ct systemctl daemon-reload
-check "systemctl enable --now berth.target" ct systemctl enable --now berth.target
+out=$(ct berth install 2>&1) || true
+check_contains "berth install on the packaged units enables, starts and verifies" "verified: berth-daemon.service active" "$out"
+check_eq "... and writes no copy of a packaged file" "" "$(ct find /usr/local /etc/systemd/system -name 'berth*' ! -name berth.target)"
 check_eq "berth.target enabled" enabled "$(ct systemctl is-enabled berth.target 2>&1 || true)"
 for w in a b; do
     check "berth@$w started" wait_for 20 sh -c "[ \"\$(nsenter -t $CT_PID -a systemctl is-active berth@$w.service)\" = active ]"
