@@ -35,6 +35,10 @@ enum Verb {
         /// Read config under this directory instead of / (default: $BERTH_ROOT or /).
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
+        /// Also inspect the loaded units (admin drop-ins included) for anything that breaks the
+        /// lifecycle invariants.
+        #[arg(long, conflicts_with = "root")]
+        live: bool,
     },
     /// Start enabled workloads that are not running, in order (run by berth-autostart.service).
     Autostart,
@@ -162,11 +166,14 @@ pub fn main() -> i32 {
         }
     };
     match cli.verb {
-        Verb::Check { root: Some(dir) } => match root.user_dirs() {
+        Verb::Check { root: Some(dir), .. } => match root.user_dirs() {
             Some(user) => check(&Root::new_user(dir, user.clone())),
             None => check(&Root::new(dir)),
         },
-        Verb::Check { root: None } => check(&root),
+        Verb::Check { root: None, live } => {
+            let rc = check(&root);
+            if live { check_live(&root).max(rc) } else { rc }
+        }
         Verb::Autostart => autostart(&root),
         Verb::Drain { last: true, json, .. } => drain_last(&root, json),
         Verb::Drain {
@@ -264,6 +271,42 @@ fn check(root: &Root) -> i32 {
     print!("{}", check_report(&loaded));
     print!("{}", freeze_report(root, &loaded));
     if loaded.is_clean() { 0 } else { 1 }
+}
+
+/// `berth check --live`: the loaded units against the invariants.
+fn check_live(root: &Root) -> i32 {
+    let loaded = config::load(root);
+    let configured: Vec<String> = loaded.workloads.iter().map(|w| w.unit_name()).collect();
+    let Ok(rt) = systemd::runtime() else {
+        eprintln!("berth check --live: cannot start the async runtime");
+        return 1;
+    };
+    let gathered = rt.block_on(async {
+        let sd = Systemd::connect(root.manager()).await?;
+        crate::live::gather(&sd, &configured).await
+    });
+    match gathered {
+        Ok((workloads, units)) => {
+            let problems = crate::live::problems(&workloads, &units);
+            for p in &problems {
+                println!("live: problem: {p}");
+            }
+            if problems.is_empty() {
+                println!(
+                    "live: the drain, berth.slice and {} workload unit(s) keep the lifecycle invariants",
+                    workloads.len()
+                );
+                0
+            } else {
+                println!("live: {} problem(s); see berth.units(7)", problems.len());
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("berth check --live: cannot inspect the loaded units: {e}");
+            1
+        }
+    }
 }
 
 /// Freezes that would make the boot autostart skip the node or a workload.

@@ -16,6 +16,7 @@ pub mod fake;
 pub mod freeze;
 pub mod generator;
 pub mod install;
+pub mod live;
 pub mod log;
 pub mod paths;
 pub mod plan;

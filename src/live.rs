@@ -1,0 +1,369 @@
+//! `berth check --live`: the loaded units, admin drop-ins included, checked
+//! against the lifecycle invariants (berth.units(7)). Config validation
+//! cannot see a drop-in in /etc/systemd/system that ties a workload to a
+//! unit the shutdown transaction stops, or one that empties the drain's
+//! ExecStop; the manager's view of the loaded units can.
+//!
+//! Gathering talks to systemd; the judgement ([`problems`]) is pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::systemd::{Systemd, SystemdError};
+use crate::units::{DRAIN, TARGET};
+
+/// Units whose start is the shutdown: a unit that conflicts with one of
+/// them is stopped by the shutdown transaction (mounts through umount.target).
+const SHUTDOWN_UNITS: &[&str] = &[
+    "shutdown.target",
+    "umount.target",
+    "final.target",
+    "poweroff.target",
+    "reboot.target",
+    "halt.target",
+    "kexec.target",
+    "exit.target",
+];
+
+/// What the check needs of one loaded unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveUnit {
+    pub load_state: String,
+    pub requires: Vec<String>,
+    pub binds_to: Vec<String>,
+    pub part_of: Vec<String>,
+    pub conflicts: Vec<String>,
+    pub after: Vec<String>,
+    pub drop_ins: Vec<String>,
+    /// Services: the Slice=; empty otherwise.
+    pub slice: String,
+    /// Services: each ExecStop= argv.
+    pub exec_stop: Vec<Vec<String>>,
+    pub refuse_manual_stop: bool,
+    pub ignore_on_isolate: bool,
+}
+
+impl LiveUnit {
+    /// Units whose stop (or restart) propagates to this one.
+    fn stop_sources(&self) -> impl Iterator<Item = (&'static str, &String)> {
+        let requires = self.requires.iter().map(|u| ("Requires", u));
+        let binds_to = self.binds_to.iter().map(|u| ("BindsTo", u));
+        let part_of = self.part_of.iter().map(|u| ("PartOf", u));
+        requires.chain(binds_to).chain(part_of)
+    }
+
+    /// The drop-ins that are not berth's own generated ones: where an
+    /// admin's change would come from.
+    fn where_from(&self) -> String {
+        let admin: Vec<&str> = self
+            .drop_ins
+            .iter()
+            .map(String::as_str)
+            .filter(|p| !p.contains("/systemd/generator"))
+            .collect();
+        if admin.is_empty() {
+            String::new()
+        } else {
+            format!(" (admin drop-ins: {})", admin.join(", "))
+        }
+    }
+}
+
+/// Why `unit` is stopped by the shutdown transaction, if it is: a
+/// conflict with a shutdown unit, or a stop propagated from a unit that is.
+fn stopped_at_shutdown(
+    unit: &str,
+    units: &BTreeMap<String, LiveUnit>,
+    seen: &mut BTreeSet<String>,
+) -> Option<String> {
+    if !seen.insert(unit.to_string()) {
+        return None;
+    }
+    let u = units.get(unit)?;
+    if let Some(c) = u.conflicts.iter().find(|c| SHUTDOWN_UNITS.contains(&c.as_str())) {
+        return Some(format!("{unit} has Conflicts={c}"));
+    }
+    for (kind, dep) in u.stop_sources() {
+        if let Some(why) = stopped_at_shutdown(dep, units, seen) {
+            return Some(format!("{unit} has {kind}={dep}, and {why}"));
+        }
+    }
+    None
+}
+
+/// Every broken invariant among the loaded units: the drain, the slice and
+/// each workload in `workloads`. `units` holds those and what they depend
+/// on, transitively.
+pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>) -> Vec<String> {
+    let mut out = Vec::new();
+    match units.get(DRAIN) {
+        None => out.push(format!(
+            "{DRAIN} is not loaded: nothing drains the workloads at shutdown"
+        )),
+        Some(d) if d.load_state != "loaded" => out.push(format!(
+            "{DRAIN} is {}: its unit file is gone, so no drain runs at shutdown (reinstall berth)",
+            d.load_state
+        )),
+        Some(d) => {
+            let from = d.where_from();
+            if !d.exec_stop.iter().any(|argv| argv.iter().any(|a| a == "drain")) {
+                out.push(format!(
+                    "{DRAIN} has no ExecStop running `berth drain`{from}: shutdown would not drain"
+                ));
+            }
+            if !d.conflicts.iter().any(|c| c == "shutdown.target") {
+                out.push(format!("{DRAIN} lost Conflicts=shutdown.target{from}: shutdown would not stop it, so would not drain"));
+            }
+            // Its slice (system.slice, implied) is the one dependency it
+            // may have: nobody stops a slice that holds every service.
+            for (kind, dep) in d.stop_sources().filter(|(_, dep)| !dep.ends_with(".slice")) {
+                out.push(format!(
+                    "{DRAIN} has {kind}={dep}{from}: stopping or restarting {dep} would drain the host"
+                ));
+            }
+            if !d.refuse_manual_stop {
+                out.push(format!(
+                    "{DRAIN} lost RefuseManualStop=yes{from}: `systemctl stop` would drain the host"
+                ));
+            }
+            if !d.ignore_on_isolate {
+                out.push(format!(
+                    "{DRAIN} lost IgnoreOnIsolate=yes{from}: isolating rescue.target would drain the host"
+                ));
+            }
+            if let Some(w) = d.after.iter().find(|a| a.starts_with("berth@")) {
+                out.push(format!(
+                    "{DRAIN} is After={w}{from}: at shutdown {w} would be stopped first, by the transaction, not the drain"
+                ));
+            }
+        }
+    }
+    if let Some(slice) = units.get("berth.slice")
+        && let Some(why) = stopped_at_shutdown("berth.slice", units, &mut BTreeSet::new())
+    {
+        out.push(format!(
+            "berth.slice is stopped at shutdown ({why}){}: every workload would go with it before the drain",
+            slice.where_from()
+        ));
+    }
+    for name in workloads {
+        let Some(w) = units.get(name) else { continue };
+        let from = w.where_from();
+        if w.load_state != "loaded" {
+            out.push(format!(
+                "{name} is {}: it lost its ExecStop, slice and ordering",
+                w.load_state
+            ));
+            continue;
+        }
+        if !w.slice.is_empty() && w.slice != "berth.slice" {
+            out.push(format!(
+                "{name} runs in {}{from}, not berth.slice: that slice may be stopped at shutdown with it",
+                w.slice
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(why) = stopped_at_shutdown(name, units, &mut seen) {
+            out.push(format!(
+                "{name} is stopped by the shutdown transaction itself ({why}){from}: it would stop before \
+                 or around the drain, out of order and past its budget"
+            ));
+        }
+        for dep in &w.part_of {
+            out.push(format!(
+                "{name} has PartOf={dep}{from}: stopping or restarting {dep} would stop or restart the workload"
+            ));
+        }
+        if !w.after.iter().any(|a| a == DRAIN) {
+            out.push(format!(
+                "{name} is not After={DRAIN}{from}: it could start before the drain is armed"
+            ));
+        }
+    }
+    out
+}
+
+/// Reads the berth units and, transitively, what they depend on.
+pub async fn gather(
+    sd: &Systemd,
+    configured: &[String],
+) -> Result<(Vec<String>, BTreeMap<String, LiveUnit>), SystemdError> {
+    let mut workloads: BTreeSet<String> = configured.iter().cloned().collect();
+    for u in sd.list_units("berth@*.service").await? {
+        if !u.name.ends_with("@.service") {
+            workloads.insert(u.name);
+        }
+    }
+    let mut todo: Vec<String> = workloads.iter().cloned().collect();
+    todo.extend([DRAIN.to_string(), "berth.slice".into(), TARGET.into()]);
+    let mut units = BTreeMap::new();
+    // Bounded: dependency chains are short, but a bad admin setup must
+    // not make this walk the whole unit graph.
+    while let Some(name) = todo.pop() {
+        if units.contains_key(&name) || units.len() >= 512 {
+            continue;
+        }
+        let u = read_unit(sd, &name).await?;
+        for (_, dep) in u.stop_sources() {
+            todo.push(dep.clone());
+        }
+        units.insert(name, u);
+    }
+    Ok((workloads.into_iter().collect(), units))
+}
+
+type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
+
+async fn read_unit(sd: &Systemd, name: &str) -> Result<LiveUnit, SystemdError> {
+    let list = |prop: &'static str| async move { sd.unit_property::<Vec<String>>(name, "Unit", prop).await };
+    let mut u = LiveUnit {
+        load_state: sd.unit_property(name, "Unit", "LoadState").await?,
+        requires: list("Requires").await?,
+        binds_to: list("BindsTo").await?,
+        part_of: list("PartOf").await?,
+        conflicts: list("Conflicts").await?,
+        after: list("After").await?,
+        drop_ins: list("DropInPaths").await?,
+        refuse_manual_stop: sd.unit_property(name, "Unit", "RefuseManualStop").await?,
+        ignore_on_isolate: sd.unit_property(name, "Unit", "IgnoreOnIsolate").await?,
+        ..LiveUnit::default()
+    };
+    if name.ends_with(".service") && u.load_state == "loaded" {
+        u.slice = sd.unit_property(name, "Service", "Slice").await?;
+        let stops: Vec<ExecCommand> = sd.unit_property(name, "Service", "ExecStop").await?;
+        u.exec_stop = stops.into_iter().map(|c| c.1).collect();
+    }
+    Ok(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// The units as the packaged files and the generator make them.
+    fn healthy() -> BTreeMap<String, LiveUnit> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            DRAIN.to_string(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                conflicts: s(&["shutdown.target"]),
+                after: s(&["basic.target", "dbus.service"]),
+                slice: "system.slice".into(),
+                exec_stop: vec![s(&["/usr/bin/berth", "drain"])],
+                refuse_manual_stop: true,
+                ignore_on_isolate: true,
+                ..Default::default()
+            },
+        );
+        m.insert(
+            "berth.slice".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                requires: s(&["-.slice"]),
+                ..Default::default()
+            },
+        );
+        m.insert(
+            "-.slice".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                ..Default::default()
+            },
+        );
+        m.insert(
+            "berth@a.service".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                requires: s(&["berth.slice"]),
+                after: s(&["basic.target", DRAIN]),
+                slice: "berth.slice".into(),
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn the_packaged_topology_has_no_problem() {
+        assert_eq!(
+            problems(&s(&["berth@a.service"]), &healthy()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_dependency_stopped_at_shutdown_is_found_through_a_chain() {
+        let mut m = healthy();
+        m.get_mut("berth@a.service")
+            .unwrap()
+            .requires
+            .push("db.service".into());
+        m.get_mut("berth@a.service").unwrap().drop_ins =
+            s(&["/etc/systemd/system/berth@a.service.d/override.conf"]);
+        m.insert(
+            "db.service".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                binds_to: s(&["x.mount"]),
+                ..Default::default()
+            },
+        );
+        m.insert(
+            "x.mount".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                conflicts: s(&["umount.target"]),
+                ..Default::default()
+            },
+        );
+        let p = problems(&s(&["berth@a.service"]), &m);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("Requires=db.service, and db.service has BindsTo=x.mount, and x.mount has Conflicts=umount.target"), "{p:?}");
+        assert!(
+            p[0].contains("admin drop-ins: /etc/systemd/system/berth@a.service.d/override.conf"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_drain_without_its_stop_or_protections_is_reported() {
+        let mut m = healthy();
+        let d = m.get_mut(DRAIN).unwrap();
+        d.exec_stop.clear();
+        d.refuse_manual_stop = false;
+        d.part_of = s(&["berth.target"]);
+        d.after.push("berth@a.service".into());
+        let p = problems(&[], &m).join("\n");
+        for needle in [
+            "no ExecStop",
+            "RefuseManualStop",
+            "PartOf=berth.target",
+            "After=berth@a.service",
+        ] {
+            assert!(p.contains(needle), "{needle}: {p}");
+        }
+        m.get_mut(DRAIN).unwrap().load_state = "not-found".into();
+        assert!(problems(&[], &m)[0].contains("not-found"));
+    }
+
+    #[test]
+    fn a_workload_out_of_its_slice_or_part_of_a_target_is_reported() {
+        let mut m = healthy();
+        let w = m.get_mut("berth@a.service").unwrap();
+        w.slice = "system-berth.slice".into();
+        w.part_of = s(&["berth.target"]);
+        w.after.clear();
+        let p = problems(&s(&["berth@a.service"]), &m).join("\n");
+        for needle in [
+            "system-berth.slice",
+            "PartOf=berth.target",
+            "not After=berth-drain.service",
+        ] {
+            assert!(p.contains(needle), "{needle}: {p}");
+        }
+    }
+}
