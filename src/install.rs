@@ -790,6 +790,54 @@ mod tests {
         assert!(e.contains("build or source tree"), "{e}");
     }
 
+    fn err(name: &str) -> SystemdError {
+        SystemdError {
+            operation: "StopUnit",
+            unit: "berth-daemon.service".into(),
+            error_name: name.into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn transient_failures_are_retried_a_bounded_number_of_times() {
+        let rt = crate::systemd::runtime().unwrap();
+        let calls = std::cell::Cell::new(0);
+        // Two timeouts, then an answer: retried, succeeds.
+        let r = rt.block_on(retrying(Step::StopOldDaemon, || {
+            calls.set(calls.get() + 1);
+            let n = calls.get();
+            async move {
+                if n < 3 {
+                    Err(err("org.freedesktop.DBus.Error.NoReply"))
+                } else {
+                    Ok(n)
+                }
+            }
+        }));
+        assert_eq!(r.unwrap(), 3);
+        // Always transient: gives up after ATTEMPTS, naming the step.
+        calls.set(0);
+        let r: Result<(), Error> = rt.block_on(retrying(Step::StopOldDaemon, || {
+            calls.set(calls.get() + 1);
+            async { Err(err("")) }
+        }));
+        assert_eq!(calls.get(), ATTEMPTS);
+        assert!(
+            r.unwrap_err()
+                .to_string()
+                .starts_with("step 'stop the old daemon' failed")
+        );
+        // A real answer surfaces at once.
+        calls.set(0);
+        let r: Result<(), Error> = rt.block_on(retrying(Step::StopOldDaemon, || {
+            calls.set(calls.get() + 1);
+            async { Err(err("org.freedesktop.DBus.Error.AccessDenied")) }
+        }));
+        assert_eq!(calls.get(), 1);
+        assert!(r.unwrap_err().reason.contains("AccessDenied"));
+    }
+
     #[test]
     fn only_regular_executables_are_installed() {
         let dir = tempfile::tempdir().unwrap();
