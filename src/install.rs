@@ -255,19 +255,23 @@ pub fn check_stable_bindir(dir: &Path, runtime_dir: Option<&Path>) -> Result<(),
             r.display()
         ));
     }
-    for ancestor in dir.ancestors() {
-        // Cargo marks its target directory with CACHEDIR.TAG; a Cargo.toml
-        // above means a source tree. Either is rebuilt or cleaned at will.
-        if ancestor.join("CACHEDIR.TAG").exists() || ancestor.join("Cargo.toml").exists() {
-            return Err(format!(
-                "{} is inside a build or source tree ({}): a rebuild or `cargo clean` would pull the binary \
-                 from under the units",
-                dir.display(),
-                ancestor.display()
-            ));
-        }
+    if let Some(tree) = build_tree_around(dir) {
+        return Err(format!(
+            "{} is inside a build or source tree ({}): a rebuild or `cargo clean` would pull the binary \
+             from under the units",
+            dir.display(),
+            tree.display()
+        ));
     }
     Ok(())
+}
+
+/// The closest directory at or above `dir` that is a build or source tree:
+/// Cargo marks its target directory with CACHEDIR.TAG, and a Cargo.toml
+/// means a source tree. Either is rebuilt or cleaned at will.
+fn build_tree_around(dir: &Path) -> Option<&Path> {
+    dir.ancestors()
+        .find(|a| a.join("CACHEDIR.TAG").exists() || a.join("Cargo.toml").exists())
 }
 
 /// A regular, executable file: what may be copied to the bindir.
@@ -785,9 +789,15 @@ mod tests {
         }
         let e = check_stable_bindir(Path::new("/home/u/rt/bin"), Some(Path::new("/home/u/rt"))).unwrap_err();
         assert!(e.contains("XDG_RUNTIME_DIR"), "{e}");
-        let tree = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let e = check_stable_bindir(tree.path(), None).unwrap_err();
-        assert!(e.contains("build or source tree"), "{e}");
+        // Wherever the checkout is (a tempdir may itself be under /tmp).
+        let tree = tempfile::tempdir().unwrap();
+        let bin = tree.path().join("target/release");
+        fs::create_dir_all(&bin).unwrap();
+        assert_eq!(build_tree_around(&bin), None);
+        fs::write(tree.path().join("Cargo.toml"), "").unwrap();
+        assert_eq!(build_tree_around(&bin), Some(tree.path()));
+        fs::write(bin.parent().unwrap().join("CACHEDIR.TAG"), "").unwrap();
+        assert_eq!(build_tree_around(&bin), Some(bin.parent().unwrap()));
     }
 
     fn err(name: &str) -> SystemdError {

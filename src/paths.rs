@@ -3,11 +3,12 @@
 //!
 //! Two managers, two sets of paths. The system manager's are fixed. A user
 //! manager's come from the user's environment, resolved the way that
-//! manager resolves the specifiers its packaged units use: `%S` (on
-//! systemd 252 measured to be `$XDG_CONFIG_HOME`, i.e. `~/.config`) and
-//! `%t` (`$XDG_RUNTIME_DIR`). User state lives in `%S/berth/state`, a
-//! subdirectory the config (`~/.config/berth/{berth.toml,workloads,...}`)
-//! never uses.
+//! manager resolves the specifiers its packaged units use: `%h` (`$HOME`)
+//! and `%t` (`$XDG_RUNTIME_DIR`). User state lives in
+//! `%h/.local/state/berth`, the XDG state directory's default. Not `%S`:
+//! measured, a user manager resolves `%S` to `~/.config` on systemd 252 but
+//! to `~/.local/state` on systemd 257, so a `%S` path would need berth to
+//! guess the manager's version; `%h` means the same on both.
 
 use std::path::{Path, PathBuf};
 
@@ -52,12 +53,12 @@ impl Manager {
 /// A user's directories, as the user manager sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserDirs {
-    /// `$XDG_CONFIG_HOME`, else `~/.config`; also the user manager's `%S`
-    /// on systemd 252.
+    /// `$XDG_CONFIG_HOME`, else `~/.config`.
     pub config_home: PathBuf,
     /// `$XDG_RUNTIME_DIR`: the user manager's `%t`.
     pub runtime_dir: PathBuf,
-    /// `~`: where a per-user install puts the binary (`~/.local/bin`).
+    /// `~` (the units' `%h`): state in `~/.local/state/berth`, the binary
+    /// of a per-user install in `~/.local/bin`.
     pub home: PathBuf,
 }
 
@@ -162,7 +163,7 @@ impl Root {
     pub fn state_dir(&self) -> PathBuf {
         match &self.user {
             None => self.join(STATE_DIR),
-            Some(u) => self.join(u.config_home.join("berth/state")),
+            Some(u) => self.join(u.home.join(".local/state/berth")),
         }
     }
 
@@ -176,7 +177,7 @@ impl Root {
 
     /// The node freeze flag; also named by `ConditionPathExists=` in
     /// berth-autostart.service (`/var/lib/berth/freeze/node`, or
-    /// `%S/berth/state/freeze/node` for a user), so the two must agree.
+    /// `%h/.local/state/berth/freeze/node` for a user), so the two must agree.
     pub fn node_freeze_flag(&self) -> PathBuf {
         self.state_dir().join("freeze/node")
     }
@@ -259,11 +260,11 @@ mod tests {
                 PathBuf::from("/run/user/1000/berth")
             ]
         );
-        // %S/berth/state with %S = ~/.config on systemd 252.
-        assert_eq!(r.state_dir(), Path::new("/home/u/.config/berth/state"));
+        // %h/.local/state/berth.
+        assert_eq!(r.state_dir(), Path::new("/home/u/.local/state/berth"));
         assert_eq!(r.runtime_dir(), Path::new("/run/user/1000/berthd"));
         assert_eq!(r.default_socket(), Path::new("/run/user/1000/berthd/api.sock"));
         let rerooted = Root::new_user("/t", user());
-        assert_eq!(rerooted.state_dir(), Path::new("/t/home/u/.config/berth/state"));
+        assert_eq!(rerooted.state_dir(), Path::new("/t/home/u/.local/state/berth"));
     }
 }

@@ -53,11 +53,11 @@ pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
             "sysinit.target basic.target",
             "multi-user.target",
         ),
-        // A user manager has no sysinit.target; %S is resolved by the user
+        // A user manager has no sysinit.target; %h is resolved by the user
         // manager itself, the way paths::Root resolves it for berth.
         Manager::User => (
             format!("{berth} --user"),
-            "%S/berth/state",
+            "%h/.local/state/berth",
             "basic.target",
             "default.target",
         ),
@@ -103,7 +103,7 @@ mod tests {
         let target = &units.iter().find(|(n, _)| *n == TARGET).unwrap().1;
         assert!(target.contains("WantedBy=default.target\n"));
         let autostart = &units.iter().find(|(n, _)| *n == AUTOSTART).unwrap().1;
-        assert!(autostart.contains("ConditionPathExists=!%S/berth/state/freeze/node\n"));
+        assert!(autostart.contains("ConditionPathExists=!%h/.local/state/berth/freeze/node\n"));
         let system = render(Manager::System, Path::new("/usr/bin"));
         let drain = &system.iter().find(|(n, _)| *n == DRAIN).unwrap().1;
         assert!(drain.contains("ExecStop=/usr/bin/berth drain\n"));

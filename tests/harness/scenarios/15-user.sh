@@ -5,7 +5,7 @@
 #     `berth --user install` only enables berth.target (under
 #     default.target), starts and verifies; the user generator read
 #     ~/.config/berth; the default deadline fits user@.service's 120 s;
-#     state and freeze flags live in %S/berth/state; status works over the
+#     state and freeze flags live in %h/.local/state/berth; status works over the
 #     user bus and, without it, over the manager's private socket.
 #  2. Per-user, without the system-wide files: `berth --user install`
 #     (as the user, no root) puts the binary in ~/.local/bin and the units
@@ -65,11 +65,11 @@ check_eq "... and says why it is not loaded" "False XDG_RUNTIME_DIR is not set" 
     "$(printf '%s' "$out" | js "v['loaded'], v['reason'][:26]" | tr -d "(),'")"
 
 run berth --user freeze --reason maintenance
-check "berth --user freeze writes %S/berth/state/freeze/node" test -f "$R/home/u/.config/berth/state/freeze/node"
+check "berth --user freeze writes %h/.local/state/berth/freeze/node" test -f "$R/home/u/.local/state/berth/freeze/node"
 asu systemctl --user restart berth-autostart.service
 check_eq "... which the user autostart unit's condition sees" "no" "$(uprop berth-autostart.service ConditionResult)"
 run berth --user thaw
-check "berth --user thaw" test ! -e "$R/home/u/.config/berth/state/freeze/node"
+check "berth --user thaw" test ! -e "$R/home/u/.local/state/berth/freeze/node"
 
 printf 'drain_deadline_s = 100\n' >"$R/home/u/.config/berth/berth.toml"
 printf 'exec = ["/bin/true"]\nuser = "root"\n' >"$R/home/u/.config/berth/workloads/bad.toml"
