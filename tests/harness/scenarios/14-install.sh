@@ -99,7 +99,7 @@ run /opt/src/berth install
 check_eq "reinstall of a new build: exit 0" "0" "$rc"
 check_contains "... stops the old daemon before replacing files" "stopped berth-daemon.service before replacing its files" "$out"
 check_contains "... replaces just the binary" "wrote 1 file(s) of 8" "$out"
-check "... the old daemon process is gone" test ! -d "/proc/$pid"
+check "... the old daemon process is gone" ct test ! -d "/proc/$pid"
 check_eq "... a new daemon runs" "active" "$(ct_prop berth-daemon.service ActiveState)"
 check_eq "... workloads untouched" "$ids" "$(wl_ids)"
 
@@ -108,7 +108,7 @@ run /usr/local/bin/berth uninstall --purge
 check_eq "uninstall (source install) --purge: exit 0" "0" "$rc"
 check_eq "... removes what install wrote" "" "$(ct find /usr/local -name 'berth*')"
 check_contains "... says the workloads keep running undrained" "2 workload(s) left running: their units are gone" "$out"
-check "... and they do" test -d "/proc/$apid"
+check "... and they do" ct test -d "/proc/$apid"
 check_eq "... purges the state" "" "$(ls -A "$CT_DIR/state")"
 run /opt/src/berth uninstall
 check_contains "uninstall again: nothing to undo" "nothing to undo" "$out"
