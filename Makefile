@@ -132,12 +132,15 @@ lint:
 	for page in $(MAN_PAGES); do mandoc -Tlint -W warning $(BUILD_DIR)/man/$$page || exit 1; done
 
 # The whole suite: unit, golden, verify and escaper tests, then the
-# container scenarios against a real systemd.
+# container scenarios against a real systemd, twice: Debian 12's systemd 252
+# and Debian 13's systemd 257 (they differ where berth must care, e.g. a
+# user manager's %S).
+HARNESS_SUITES ?= bookworm trixie
 check: deps
 	$(MAKE) all
 	$(MAKE) lint
 	$(CARGO) test $(CARGO_FLAGS)
-	tests/harness/run
+	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite tests/harness/run || exit 1; done
 
 demo: deps
 	$(MAKE) all
