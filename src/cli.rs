@@ -101,6 +101,9 @@ enum Verb {
         /// Where a source install puts the binary (default: /usr/local/bin, or ~/.local/bin with --user).
         #[arg(long, value_name = "DIR")]
         bindir: Option<PathBuf>,
+        /// Replace files that berth install did not write, or that changed since it did.
+        #[arg(long)]
+        force: bool,
     },
     /// Reverse what install did (files, enablement); workloads keep running. Idempotent.
     Uninstall {
@@ -210,8 +213,8 @@ pub fn main() -> i32 {
         Verb::List { json } => list(&root, None, json),
         Verb::Inspect { name, json } => list(&root, Some(name), json),
         Verb::NotConfigured { name } => not_configured(&root, &name),
-        Verb::Install { bindir } => install_verb("install", |rt| {
-            rt.block_on(crate::install::install(&root, bindir))
+        Verb::Install { bindir, force } => install_verb("install", |rt| {
+            rt.block_on(crate::install::install(&root, bindir, force))
         }),
         Verb::Uninstall { purge } => install_verb("uninstall", |rt| {
             rt.block_on(crate::install::uninstall(&root, purge))
@@ -287,7 +290,10 @@ fn check_live(root: &Root) -> i32 {
     });
     match gathered {
         Ok((workloads, units)) => {
-            let problems = crate::live::problems(&workloads, &units);
+            let expected = crate::live::Expected {
+                drain_timeout_stop_s: plan::drain_timeout_stop_s(loaded.host.drain_deadline_s),
+            };
+            let problems = crate::live::problems(&workloads, &units, expected);
             for p in &problems {
                 println!("live: problem: {p}");
             }

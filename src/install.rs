@@ -107,6 +107,9 @@ pub struct Manifest {
     pub files: Vec<InstalledFile>,
     /// Whether install enabled berth.target (it was not enabled before).
     pub enabled_target: bool,
+    /// Whether install started berth.target (it was not active before).
+    #[serde(default)]
+    pub started_target: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -326,7 +329,15 @@ pub fn planned_files(
         FileContent::Bytes(read(exe)?, 0o755),
     )];
     if let Some(gdir) = &layout.generator_dir {
-        let generator = exe.with_file_name("berth-generator");
+        // Next to the binary in a build; where install put it when the
+        // installed binary runs install again.
+        let beside = exe.with_file_name("berth-generator");
+        let installed = root.join(gdir.join("berth-generator"));
+        let generator = if beside.exists() || !installed.exists() {
+            beside
+        } else {
+            installed
+        };
         check_executable(&generator).map_err(|e| format!("the generator must sit next to berth: {e}"))?;
         files.push((
             root.join(gdir.join("berth-generator")),
@@ -411,8 +422,10 @@ async fn stop_and_wait(sd: &Systemd, unit: &str, step: Step) -> Result<bool, Err
     }
 }
 
+/// Enabled for good: `enabled-runtime` is gone at the next boot, and a
+/// `linked` or `alias` unit has no wants-link, so those get enabled too.
 fn is_enabled(state: &str) -> bool {
-    matches!(state, "enabled" | "enabled-runtime" | "linked" | "alias")
+    state == "enabled"
 }
 
 /// What install reports on success.
@@ -427,7 +440,7 @@ impl Report {
     }
 }
 
-pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Error> {
+pub async fn install(root: &Root, bindir: Option<PathBuf>, force: bool) -> Result<Report, Error> {
     let mut report = Report::default();
     if root.manager() == Manager::System && !nix::unistd::geteuid().is_root() {
         return Err(fail(
@@ -435,7 +448,9 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Err
             "installing for the system manager needs root (for your own user: berth --user install)",
         ));
     }
-    let old = read_manifest(root).map_err(|e| fail(Step::Preflight, e))?;
+    let old = read_manifest(root)
+        .map_err(|e| fail(Step::Preflight, e))?
+        .unwrap_or_default();
     let packaged = packaged_unit(root);
     let layout = Layout::for_root(root, bindir);
     let wanted: Vec<(PathBuf, FileContent)> = match &packaged {
@@ -445,57 +460,87 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Err
             planned_files(root, &layout, &exe).map_err(|e| fail(Step::Preflight, e))?
         }
     };
+    let recorded = |p: &Path| old.files.iter().find(|f| f.path == p);
+    let to_write: Vec<&(PathBuf, FileContent)> = wanted.iter().filter(|(p, c)| !c.is_at(p)).collect();
+    // Never replace what berth install did not write, or what changed
+    // since it did (an admin's edit), unless told to.
+    let foreign: Vec<String> = to_write
+        .iter()
+        .filter(|(p, _)| fs::symlink_metadata(p).is_ok())
+        .filter(|(p, _)| recorded(p).is_none_or(|f| fingerprint_of(p).as_ref() != Some(&f.fingerprint)))
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    if !foreign.is_empty() && !force {
+        return Err(fail(
+            Step::Preflight,
+            format!(
+                "{} exist(s), differ(s) from what install would write, and berth install did not write it \
+                 or it changed since; remove it, or pass --force to replace it",
+                foreign.join(", ")
+            ),
+        ));
+    }
     // Files an earlier install wrote that this one does not want: copies
     // that would now shadow packaged units, or units no longer rendered.
-    let stale: Vec<PathBuf> = old
+    let stale: Vec<&InstalledFile> = old
+        .files
         .iter()
-        .flat_map(|m| m.files.iter())
         .filter(|f| !wanted.iter().any(|(p, _)| *p == f.path))
-        .filter(|f| fingerprint_of(&f.path).as_ref() == Some(&f.fingerprint))
-        .map(|f| f.path.clone())
         .collect();
-    let to_write: Vec<&(PathBuf, FileContent)> = wanted.iter().filter(|(p, c)| !c.is_at(p)).collect();
-    let changes_files = !to_write.is_empty() || !stale.is_empty();
+    // What install owns from now on: what it writes now and what it wrote
+    // before. A file that is already there, identical, and was never
+    // written by install (a `cargo install` binary, say) stays the user's.
+    let owned: Vec<InstalledFile> = wanted
+        .iter()
+        .filter(|(p, c)| recorded(p).is_some() || !c.is_at(p))
+        .map(|(path, c)| InstalledFile {
+            path: path.clone(),
+            fingerprint: c.fingerprint(),
+        })
+        .collect();
+    let mut manifest = Manifest {
+        source: if packaged.is_some() { "package" } else { "files" }.into(),
+        files: owned.clone(),
+        enabled_target: old.enabled_target,
+        started_target: old.started_target,
+    };
 
     let sd = retrying(Step::Connect, || Systemd::connect(root.manager())).await?;
 
-    if changes_files {
+    if !to_write.is_empty() || !stale.is_empty() {
+        // Recorded first, stale files included, so that uninstall can undo
+        // whatever part of the writing below happens.
+        manifest.files.extend(stale.iter().map(|f| (*f).clone()));
+        write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
         // The daemon may be running from the very files being replaced.
-        if stop_and_wait(&sd, DAEMON, Step::StopOldDaemon).await? {
+        let stopped = stop_and_wait(&sd, DAEMON, Step::StopOldDaemon).await?;
+        if stopped {
             report.say(format!(
                 "stopped {DAEMON} before replacing its files (workloads untouched)"
             ));
         }
-        for (path, content) in &to_write {
-            write_atomic(path, content)
-                .map_err(|e| fail(Step::WriteFiles, format!("{}: {e}", path.display())))?;
+        let written = replace_files(&to_write, &stale);
+        if let Err(e) = written {
+            if stopped {
+                // Best effort: the old daemon back, from whatever is there.
+                let _ = sd.start_unit(DAEMON).await;
+            }
+            return Err(e);
         }
-        for path in &stale {
-            remove_file(path).map_err(|e| fail(Step::WriteFiles, e))?;
-        }
+        manifest.files = owned;
+        write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
         if !to_write.is_empty() {
             report.say(format!("wrote {} file(s) of {}", to_write.len(), wanted.len()));
         }
-        if !stale.is_empty() {
+        let removed = stale.iter().filter(|f| !f.path.exists()).count();
+        if removed > 0 {
             report.say(format!(
-                "removed {} file(s) of an earlier install that would shadow the packaged units",
-                stale.len()
+                "removed {removed} file(s) of an earlier install that this one does not use"
             ));
         }
+    } else if old != manifest {
+        write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
     }
-    let mut manifest = Manifest {
-        source: if packaged.is_some() { "package" } else { "files" }.into(),
-        files: wanted
-            .iter()
-            .map(|(path, c)| InstalledFile {
-                path: path.clone(),
-                fingerprint: c.fingerprint(),
-            })
-            .collect(),
-        enabled_target: old.as_ref().is_some_and(|m| m.enabled_target),
-    };
-    // Recorded before anything else can fail, so uninstall can undo it.
-    write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
     // Always: it also reruns the generators, so config written since the
     // last boot is what the target starts with. A reload changes no unit's
     // state, so a repeated install stays a no-op.
@@ -511,6 +556,10 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Err
     }
 
     let loaded = config::load(root);
+    if retrying(Step::Start, || sd.active_state(TARGET)).await? != "active" && !manifest.started_target {
+        manifest.started_target = true;
+        write_manifest(root, &manifest).map_err(|e| fail(Step::Start, e))?;
+    }
     let job = retrying(Step::Start, || sd.start_unit(TARGET)).await?;
     match sd.wait(&job, Some(UNIT_WAIT)).await.as_deref() {
         Some("done") => {}
@@ -537,59 +586,98 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>) -> Result<Report, Err
     Ok(report)
 }
 
+/// Writes what changed and removes stale files whose content is still what
+/// install wrote (an admin's edit is left, with a message).
+fn replace_files(to_write: &[&(PathBuf, FileContent)], stale: &[&InstalledFile]) -> Result<(), Error> {
+    for (path, content) in to_write {
+        write_atomic(path, content)
+            .map_err(|e| fail(Step::WriteFiles, format!("{}: {e}", path.display())))?;
+    }
+    for f in stale {
+        match fingerprint_of(&f.path) {
+            Some(fp) if fp == f.fingerprint => remove_file(&f.path).map_err(|e| fail(Step::WriteFiles, e))?,
+            Some(_) => eprintln!(
+                "berth install: {} changed since install; left in place",
+                f.path.display()
+            ),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
 /// The proof install reports: the daemon up with a live, unchanged MainPID
 /// after a settle; or, without the daemon, the drain armed and the target
 /// reached.
 async fn verify(sd: &Systemd, daemon: bool) -> Result<String, Error> {
     let step = Step::Verify;
-    if !daemon {
-        let drain = retrying(step, || sd.active_state(DRAIN)).await?;
-        let target = retrying(step, || sd.active_state(TARGET)).await?;
-        if drain != "active" || target != "active" {
-            return Err(fail(step, format!("{DRAIN} is {drain}, {TARGET} is {target}")));
-        }
-        return Ok(format!(
-            "verified: {DRAIN} active (drain armed), {TARGET} active; no daemon ([daemon] enabled = false)"
-        ));
-    }
     let started = Instant::now();
-    let pid = loop {
-        let state = retrying(step, || sd.active_state(DAEMON)).await?;
-        let pid: u32 = retrying(step, || sd.unit_property(DAEMON, "Service", "MainPID")).await?;
-        if state == "active" && pid > 0 {
-            break pid;
+    if !daemon {
+        // berth.target is not ordered after the drain: its start job may
+        // finish while the drain's ExecStart still runs.
+        loop {
+            let drain = retrying(step, || sd.active_state(DRAIN)).await?;
+            let target = retrying(step, || sd.active_state(TARGET)).await?;
+            if drain == "active" && target == "active" {
+                return Ok(format!(
+                    "verified: {DRAIN} active (drain armed), {TARGET} active; no daemon ([daemon] enabled = false)"
+                ));
+            }
+            if drain == "failed" || target == "failed" || started.elapsed() > UNIT_WAIT {
+                return Err(fail(step, format!("{DRAIN} is {drain}, {TARGET} is {target}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if state == "failed" || started.elapsed() > UNIT_WAIT {
-            let result: String = sd
-                .unit_property(DAEMON, "Service", "Result")
-                .await
-                .unwrap_or_default();
-            return Err(fail(
-                step,
-                format!("{DAEMON} is {state} (Result={result}); see journalctl -u {DAEMON}"),
+    }
+    // A daemon that relaunches itself (exit 75, e.g. on a binary a package
+    // upgrade just replaced) gets another settle; one that keeps dying
+    // does not pass.
+    for _ in 0..3 {
+        let pid = loop {
+            let state = retrying(step, || sd.active_state(DAEMON)).await?;
+            let pid: u32 = retrying(step, || sd.unit_property(DAEMON, "Service", "MainPID")).await?;
+            if state == "active" && pid > 0 {
+                break pid;
+            }
+            if state == "failed" || started.elapsed() > UNIT_WAIT {
+                let result: String = sd
+                    .unit_property(DAEMON, "Service", "Result")
+                    .await
+                    .unwrap_or_default();
+                return Err(fail(
+                    step,
+                    format!("{DAEMON} is {state} (Result={result}); see journalctl -u {DAEMON}"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        tokio::time::sleep(SETTLE).await;
+        let state = retrying(step, || sd.active_state(DAEMON)).await?;
+        let now: u32 = retrying(step, || sd.unit_property(DAEMON, "Service", "MainPID")).await?;
+        let result: String = retrying(step, || sd.unit_property(DAEMON, "Service", "Result")).await?;
+        if state == "active" && now == pid && Path::new(&format!("/proc/{pid}")).exists() {
+            let drain = retrying(step, || sd.active_state(DRAIN)).await?;
+            if drain != "active" {
+                return Err(fail(step, format!("{DRAIN} is {drain}: the drain is not armed")));
+            }
+            return Ok(format!(
+                "verified: {DAEMON} active, MainPID {pid} alive after {} s; {DRAIN} active",
+                SETTLE.as_secs()
             ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    tokio::time::sleep(SETTLE).await;
-    let state = retrying(step, || sd.active_state(DAEMON)).await?;
-    let now: u32 = retrying(step, || sd.unit_property(DAEMON, "Service", "MainPID")).await?;
-    if state != "active" || now != pid || !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(fail(
-            step,
-            format!(
-                "{DAEMON} did not stay up: MainPID {pid} became {now} ({state}) within {} s",
-                SETTLE.as_secs()
-            ),
-        ));
+        if result != "success" {
+            return Err(fail(
+                step,
+                format!(
+                    "{DAEMON} did not stay up: MainPID {pid} became {now} ({state}, Result={result}) within {} s",
+                    SETTLE.as_secs()
+                ),
+            ));
+        }
     }
-    let drain = retrying(step, || sd.active_state(DRAIN)).await?;
-    if drain != "active" {
-        return Err(fail(step, format!("{DRAIN} is {drain}: the drain is not armed")));
-    }
-    Ok(format!(
-        "verified: {DAEMON} active, MainPID {pid} alive after {} s; {DRAIN} active",
-        SETTLE.as_secs()
+    Err(fail(
+        step,
+        format!("{DAEMON} relaunched itself three times in a row"),
     ))
 }
 
@@ -633,10 +721,13 @@ pub async fn uninstall(root: &Root, purge: bool) -> Result<Report, Error> {
         report.say(format!("disabled {TARGET}"));
     }
     // What install started, except the drain: it refuses a manual stop,
-    // and stopping it would drain. Stopping these touches no workload.
-    for unit in [DAEMON, "berth-autostart.service", TARGET] {
-        if stop_and_wait(&sd, unit, Step::Stop).await? {
-            report.say(format!("stopped {unit}"));
+    // and stopping it would drain. Stopping these touches no workload. Left
+    // alone when the target already ran before install and no file goes.
+    if manifest.started_target || !manifest.files.is_empty() {
+        for unit in [DAEMON, "berth-autostart.service", TARGET] {
+            if stop_and_wait(&sd, unit, Step::Stop).await? {
+                report.say(format!("stopped {unit}"));
+            }
         }
     }
     let mut left = 0;
@@ -720,36 +811,51 @@ pub async fn reload(root: &Root) -> Result<Report, Error> {
     let mut report = Report::default();
     if let Some(mut manifest) = read_manifest(root).map_err(|e| fail(Step::Preflight, e))?
         && manifest.source == "files"
-        && root.manager() == Manager::User
-        && !user_generator_installed(root)
+        && let Some(user) = root.user_dirs()
     {
-        let layout_dir = root
-            .user_dirs()
-            .expect("user manager")
-            .config_home
-            .join("systemd/user");
+        let unit_dir = user.config_home.join("systemd/user");
         let layout = Layout {
             bindir: PathBuf::new(),
-            unit_dir: layout_dir.clone(),
+            unit_dir: unit_dir.clone(),
             generator_dir: None,
         };
-        let generated = generated_files(root, &layout);
+        // With a system-wide user generator now installed (a package came
+        // later), its output is what counts: per-user copies would shadow it.
+        let generated = if user_generator_installed(root) {
+            Vec::new()
+        } else {
+            generated_files(root, &layout)
+        };
         let unit_names: Vec<PathBuf> = units::TEMPLATES
             .iter()
-            .map(|(n, _)| root.join(layout_dir.join(n)))
+            .map(|(n, _)| root.join(unit_dir.join(n)))
             .collect();
         // Generated files are everything install wrote under the unit
         // directory that is not a packaged unit (and not the binary).
-        let unit_root = root.join(&layout_dir);
+        let unit_root = root.join(&unit_dir);
         let (old_generated, kept): (Vec<InstalledFile>, Vec<InstalledFile>) = manifest
             .files
             .drain(..)
             .partition(|f| f.path.starts_with(&unit_root) && !unit_names.contains(&f.path));
+        manifest.files = kept;
         let mut changed = 0;
         for f in &old_generated {
-            if !generated.iter().any(|(p, _)| *p == f.path) {
-                remove_file(&f.path).map_err(|e| fail(Step::WriteFiles, e))?;
-                changed += 1;
+            if generated.iter().any(|(p, _)| *p == f.path) {
+                continue;
+            }
+            match fingerprint_of(&f.path) {
+                Some(fp) if fp == f.fingerprint => {
+                    remove_file(&f.path).map_err(|e| fail(Step::WriteFiles, e))?;
+                    changed += 1;
+                }
+                Some(_) => {
+                    eprintln!(
+                        "berth reload: {} changed since berth wrote it; left in place",
+                        f.path.display()
+                    );
+                    manifest.files.push(f.clone());
+                }
+                None => {}
             }
         }
         for (path, content) in &generated {
@@ -759,7 +865,6 @@ pub async fn reload(root: &Root) -> Result<Report, Error> {
                 changed += 1;
             }
         }
-        manifest.files = kept;
         manifest
             .files
             .extend(generated.iter().map(|(path, c)| InstalledFile {
@@ -767,9 +872,15 @@ pub async fn reload(root: &Root) -> Result<Report, Error> {
                 fingerprint: c.fingerprint(),
             }));
         write_manifest(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
-        report.say(format!(
-            "rendered the generator's output: {changed} file(s) changed"
-        ));
+        if user_generator_installed(root) {
+            report.say(format!(
+                "a system-wide user generator is installed: removed {changed} per-user copies of its output"
+            ));
+        } else {
+            report.say(format!(
+                "rendered the generator's output: {changed} file(s) changed"
+            ));
+        }
     }
     let sd = retrying(Step::Connect, || Systemd::connect(root.manager())).await?;
     retrying(Step::Reload, || sd.reload()).await?;

@@ -28,10 +28,16 @@ const SHUTDOWN_UNITS: &[&str] = &[
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LiveUnit {
     pub load_state: String,
+    pub active_state: String,
     pub requires: Vec<String>,
+    pub requisite: Vec<String>,
+    /// Units with `PropagatesStopTo=` this one.
+    pub stop_propagated_from: Vec<String>,
     pub binds_to: Vec<String>,
     pub part_of: Vec<String>,
     pub conflicts: Vec<String>,
+    /// Units that declared `Conflicts=` with this one.
+    pub conflicted_by: Vec<String>,
     pub after: Vec<String>,
     pub drop_ins: Vec<String>,
     /// Services: the Slice=; empty otherwise.
@@ -40,15 +46,26 @@ pub struct LiveUnit {
     pub exec_stop: Vec<Vec<String>>,
     pub refuse_manual_stop: bool,
     pub ignore_on_isolate: bool,
+    /// Services: TimeoutStopUSec.
+    pub timeout_stop_us: u64,
 }
 
 impl LiveUnit {
     /// Units whose stop (or restart) propagates to this one.
     fn stop_sources(&self) -> impl Iterator<Item = (&'static str, &String)> {
         let requires = self.requires.iter().map(|u| ("Requires", u));
+        let requisite = self.requisite.iter().map(|u| ("Requisite", u));
         let binds_to = self.binds_to.iter().map(|u| ("BindsTo", u));
         let part_of = self.part_of.iter().map(|u| ("PartOf", u));
-        requires.chain(binds_to).chain(part_of)
+        let propagated = self
+            .stop_propagated_from
+            .iter()
+            .map(|u| ("StopPropagatedFrom", u));
+        requires
+            .chain(requisite)
+            .chain(binds_to)
+            .chain(part_of)
+            .chain(propagated)
     }
 
     /// The drop-ins that are not berth's own generated ones: where an
@@ -82,6 +99,13 @@ fn stopped_at_shutdown(
     if let Some(c) = u.conflicts.iter().find(|c| SHUTDOWN_UNITS.contains(&c.as_str())) {
         return Some(format!("{unit} has Conflicts={c}"));
     }
+    if let Some(c) = u
+        .conflicted_by
+        .iter()
+        .find(|c| SHUTDOWN_UNITS.contains(&c.as_str()))
+    {
+        return Some(format!("{c} has Conflicts={unit}"));
+    }
     for (kind, dep) in u.stop_sources() {
         if let Some(why) = stopped_at_shutdown(dep, units, seen) {
             return Some(format!("{unit} has {kind}={dep}, and {why}"));
@@ -90,10 +114,17 @@ fn stopped_at_shutdown(
     None
 }
 
+/// What the configuration says the loaded units should have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    /// The drain's `TimeoutStopSec=`: the deadline plus the exit margin.
+    pub drain_timeout_stop_s: u64,
+}
+
 /// Every broken invariant among the loaded units: the drain, the slice and
 /// each workload in `workloads`. `units` holds those and what they depend
 /// on, transitively.
-pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>) -> Vec<String> {
+pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expected: Expected) -> Vec<String> {
     let mut out = Vec::new();
     match units.get(DRAIN) {
         None => out.push(format!(
@@ -130,6 +161,25 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>) -> Vec
                     "{DRAIN} lost IgnoreOnIsolate=yes{from}: isolating rescue.target would drain the host"
                 ));
             }
+            if d.timeout_stop_us < expected.drain_timeout_stop_s.saturating_mul(1_000_000) {
+                out.push(format!(
+                    "{DRAIN} has TimeoutStopSec={} s{from}, under the {} s the drain deadline needs: systemd \
+                     would kill the drain before it is done",
+                    d.timeout_stop_us / 1_000_000,
+                    expected.drain_timeout_stop_s
+                ));
+            }
+            let running = workloads
+                .iter()
+                .filter(|w| units.get(*w).is_some_and(|u| u.active_state == "active"))
+                .count();
+            if d.active_state != "active" && running > 0 {
+                out.push(format!(
+                    "{DRAIN} is {} while {running} workload(s) run: a shutdown now would not drain them \
+                     (systemctl start {DRAIN})",
+                    d.active_state
+                ));
+            }
             if let Some(w) = d.after.iter().find(|a| a.starts_with("berth@")) {
                 out.push(format!(
                     "{DRAIN} is After={w}{from}: at shutdown {w} would be stopped first, by the transaction, not the drain"
@@ -137,13 +187,19 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>) -> Vec
             }
         }
     }
-    if let Some(slice) = units.get("berth.slice")
-        && let Some(why) = stopped_at_shutdown("berth.slice", units, &mut BTreeSet::new())
-    {
-        out.push(format!(
-            "berth.slice is stopped at shutdown ({why}){}: every workload would go with it before the drain",
-            slice.where_from()
-        ));
+    if let Some(slice) = units.get("berth.slice") {
+        if let Some(why) = stopped_at_shutdown("berth.slice", units, &mut BTreeSet::new()) {
+            out.push(format!(
+                "berth.slice is stopped at shutdown ({why}){}: every workload would go with it before the drain",
+                slice.where_from()
+            ));
+        }
+        if slice.load_state == "loaded" && !slice.refuse_manual_stop {
+            out.push(format!(
+                "berth.slice lost RefuseManualStop=yes{}: stopping it would stop every workload at once",
+                slice.where_from()
+            ));
+        }
     }
     for name in workloads {
         let Some(w) = units.get(name) else { continue };
@@ -166,6 +222,11 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>) -> Vec
             out.push(format!(
                 "{name} is stopped by the shutdown transaction itself ({why}){from}: it would stop before \
                  or around the drain, out of order and past its budget"
+            ));
+        }
+        if !w.ignore_on_isolate {
+            out.push(format!(
+                "{name} lost IgnoreOnIsolate=yes{from}: isolating rescue.target would stop it"
             ));
         }
         for dep in &w.part_of {
@@ -199,8 +260,16 @@ pub async fn gather(
     // Bounded: dependency chains are short, but a bad admin setup must
     // not make this walk the whole unit graph.
     while let Some(name) = todo.pop() {
-        if units.contains_key(&name) || units.len() >= 512 {
+        if units.contains_key(&name) {
             continue;
+        }
+        if units.len() >= MAX_UNITS {
+            return Err(SystemdError {
+                operation: "walk the dependencies of",
+                unit: "the berth units".into(),
+                error_name: String::new(),
+                message: format!("more than {MAX_UNITS} units: the check would be incomplete"),
+            });
         }
         let u = read_unit(sd, &name).await?;
         for (_, dep) in u.stop_sources() {
@@ -211,13 +280,20 @@ pub async fn gather(
     Ok((workloads.into_iter().collect(), units))
 }
 
+const MAX_UNITS: usize = 512;
+
 type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
 
 async fn read_unit(sd: &Systemd, name: &str) -> Result<LiveUnit, SystemdError> {
     let list = |prop: &'static str| async move { sd.unit_property::<Vec<String>>(name, "Unit", prop).await };
     let mut u = LiveUnit {
         load_state: sd.unit_property(name, "Unit", "LoadState").await?,
+        active_state: sd.unit_property(name, "Unit", "ActiveState").await?,
         requires: list("Requires").await?,
+        requisite: list("Requisite").await?,
+        // Newer than some systemd versions berth may meet: absent, empty.
+        stop_propagated_from: list("StopPropagatedFrom").await.unwrap_or_default(),
+        conflicted_by: list("ConflictedBy").await?,
         binds_to: list("BindsTo").await?,
         part_of: list("PartOf").await?,
         conflicts: list("Conflicts").await?,
@@ -229,6 +305,7 @@ async fn read_unit(sd: &Systemd, name: &str) -> Result<LiveUnit, SystemdError> {
     };
     if name.ends_with(".service") && u.load_state == "loaded" {
         u.slice = sd.unit_property(name, "Service", "Slice").await?;
+        u.timeout_stop_us = sd.unit_property(name, "Service", "TimeoutStopUSec").await?;
         let stops: Vec<ExecCommand> = sd.unit_property(name, "Service", "ExecStop").await?;
         u.exec_stop = stops.into_iter().map(|c| c.1).collect();
     }
@@ -243,6 +320,10 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
+    const EXPECTED: Expected = Expected {
+        drain_timeout_stop_s: 210,
+    };
+
     /// The units as the packaged files and the generator make them.
     fn healthy() -> BTreeMap<String, LiveUnit> {
         let mut m = BTreeMap::new();
@@ -256,6 +337,8 @@ mod tests {
                 exec_stop: vec![s(&["/usr/bin/berth", "drain"])],
                 refuse_manual_stop: true,
                 ignore_on_isolate: true,
+                active_state: "active".into(),
+                timeout_stop_us: 210_000_000,
                 ..Default::default()
             },
         );
@@ -264,6 +347,8 @@ mod tests {
             LiveUnit {
                 load_state: "loaded".into(),
                 requires: s(&["-.slice"]),
+                refuse_manual_stop: true,
+                ignore_on_isolate: true,
                 ..Default::default()
             },
         );
@@ -281,6 +366,8 @@ mod tests {
                 requires: s(&["berth.slice"]),
                 after: s(&["basic.target", DRAIN]),
                 slice: "berth.slice".into(),
+                ignore_on_isolate: true,
+                active_state: "active".into(),
                 ..Default::default()
             },
         );
@@ -290,7 +377,7 @@ mod tests {
     #[test]
     fn the_packaged_topology_has_no_problem() {
         assert_eq!(
-            problems(&s(&["berth@a.service"]), &healthy()),
+            problems(&s(&["berth@a.service"]), &healthy(), EXPECTED),
             Vec::<String>::new()
         );
     }
@@ -320,13 +407,62 @@ mod tests {
                 ..Default::default()
             },
         );
-        let p = problems(&s(&["berth@a.service"]), &m);
+        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("Requires=db.service, and db.service has BindsTo=x.mount, and x.mount has Conflicts=umount.target"), "{p:?}");
         assert!(
             p[0].contains("admin drop-ins: /etc/systemd/system/berth@a.service.d/override.conf"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn stops_propagated_by_the_other_side_are_found_too() {
+        let mut m = healthy();
+        // db.service: PropagatesStopTo=berth@a.service, and a mount whose
+        // conflict is declared by umount.target's side only.
+        m.get_mut("berth@a.service").unwrap().stop_propagated_from = s(&["db.service"]);
+        m.insert(
+            "db.service".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                requisite: s(&["y.mount"]),
+                ..Default::default()
+            },
+        );
+        m.insert(
+            "y.mount".into(),
+            LiveUnit {
+                load_state: "loaded".into(),
+                conflicted_by: s(&["umount.target"]),
+                ..Default::default()
+            },
+        );
+        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("has StopPropagatedFrom=db.service, and db.service has Requisite=y.mount, and umount.target has Conflicts=y.mount"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_short_drain_timeout_an_unarmed_drain_and_lost_protections_are_reported() {
+        let mut m = healthy();
+        let d = m.get_mut(DRAIN).unwrap();
+        d.timeout_stop_us = 90_000_000;
+        d.active_state = "inactive".into();
+        m.get_mut("berth.slice").unwrap().refuse_manual_stop = false;
+        m.get_mut("berth@a.service").unwrap().ignore_on_isolate = false;
+        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED).join("\n");
+        for needle in [
+            "TimeoutStopSec=90 s",
+            "is inactive while 1 workload(s) run",
+            "berth.slice lost RefuseManualStop=yes",
+            "berth@a.service lost IgnoreOnIsolate=yes",
+        ] {
+            assert!(p.contains(needle), "{needle}: {p}");
+        }
     }
 
     #[test]
@@ -337,7 +473,7 @@ mod tests {
         d.refuse_manual_stop = false;
         d.part_of = s(&["berth.target"]);
         d.after.push("berth@a.service".into());
-        let p = problems(&[], &m).join("\n");
+        let p = problems(&[], &m, EXPECTED).join("\n");
         for needle in [
             "no ExecStop",
             "RefuseManualStop",
@@ -347,7 +483,7 @@ mod tests {
             assert!(p.contains(needle), "{needle}: {p}");
         }
         m.get_mut(DRAIN).unwrap().load_state = "not-found".into();
-        assert!(problems(&[], &m)[0].contains("not-found"));
+        assert!(problems(&[], &m, EXPECTED)[0].contains("not-found"));
     }
 
     #[test]
@@ -357,7 +493,7 @@ mod tests {
         w.slice = "system-berth.slice".into();
         w.part_of = s(&["berth.target"]);
         w.after.clear();
-        let p = problems(&s(&["berth@a.service"]), &m).join("\n");
+        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED).join("\n");
         for needle in [
             "system-berth.slice",
             "PartOf=berth.target",

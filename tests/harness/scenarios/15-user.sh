@@ -53,8 +53,9 @@ out=$(asu systemd-analyze --user verify --man=no /usr/lib/systemd/user/berth.tar
     /usr/lib/systemd/user/berth-autostart.service /usr/lib/systemd/user/berth-daemon.service /usr/lib/systemd/user/berth.slice 2>&1) && rc=0 || rc=$?
 check_eq "systemd-analyze --user verify of the user units is clean" "0:" "$rc:$out"
 
-sleep 6 # one supervisor pass
 js() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1], {}, {'v': v}))" "$1"; }
+healthy() { [ "$(asu berth --user status --json | js "v.get('daemon', {}).get('health')")" = healthy ]; }
+check "the user daemon reports healthy after its first pass" wait_for 20 healthy
 check_eq "berth --user status: user manager, installed, loaded, healthy" "user True True healthy" \
     "$(asu berth --user status --json | js "v['manager'], v['installed'], v['loaded'], v['daemon']['health']" | tr -d "(),'")"
 check_eq "without the user bus, status still reaches the manager (private socket)" "True active" \
@@ -103,7 +104,9 @@ check "... the generator's output in ~/.config/systemd/user" test -f "$R/home/u/
 check_eq "... owned by the user" "u" "$(ct stat -c %U /home/u/.local/bin/berth)"
 check_eq "workloads kept their invocations" "$ids" "$(for w in u1 u2; do uprop "berth@$w.service" InvocationID; done | xargs)"
 run berth --user install
-check_lacks "install again writes nothing" "wrote" "$out"
+check_eq "install again: exit 0" "0" "$rc"
+check_contains "... verified" "verified: berth-daemon.service active" "$out"
+check_lacks "... writes nothing" "wrote" "$out"
 
 workload u3 20
 ct chown u:u /home/u/.config/berth/workloads/u3.toml
