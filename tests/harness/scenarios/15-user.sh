@@ -116,6 +116,15 @@ check_contains "... renders the new workload" "rendered the generator's output" 
 check "berth@u3 can start" asu systemctl --user start berth@u3.service
 check_eq "... and runs" "active" "$(uprop berth@u3.service ActiveState)"
 
+# A system-wide user generator arrives later (a package): reload hands over
+# to it, removing the per-user copies of its output, which would shadow it.
+ct ln -s /usr/lib/systemd/system-generators/berth-generator /usr/lib/systemd/user-generators/berth-generator
+run berth --user reload
+check_contains "reload after a system-wide user generator appeared" "removed 6 per-user copies" "$out"
+check "... whose output now counts" test -f "$R/run/user/1000/systemd/generator/berth@u3.service.d/10-berth.conf"
+check "... and no per-user copy shadows it" test ! -e "$R/home/u/.config/systemd/user/berth@u3.service.d/10-berth.conf"
+check_eq "... workloads untouched" "active" "$(uprop berth@u3.service ActiveState)"
+
 u1pid=$(uprop berth@u1.service MainPID)
 run berth --user uninstall
 check_eq "per-user uninstall: exit 0" "0" "$rc"
