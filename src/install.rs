@@ -583,7 +583,25 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>, force: bool) -> Resul
         sd.wait(&job, Some(UNIT_WAIT)).await;
     }
     report.say(verify(&sd, loaded.host.daemon.enabled).await?);
+    if root.manager() == Manager::User {
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten();
+        if let Some(note) = user.and_then(|u| linger_note(root, &u.name)) {
+            report.say(note);
+        }
+    }
     Ok(report)
+}
+
+/// A user manager without lingering stops at logout (draining the
+/// workloads) and does not start at boot: worth saying at install.
+fn linger_note(root: &Root, user: &str) -> Option<String> {
+    if root.join("/var/lib/systemd/linger").join(user).exists() {
+        return None;
+    }
+    Some(format!(
+        "note: lingering is off for {user}: your workloads are drained when your last session ends and \
+         start again only at your next login; `loginctl enable-linger` keeps them running and starts them at boot"
+    ))
 }
 
 /// Writes what changed and removes stale files whose content is still what
@@ -957,6 +975,20 @@ mod tests {
         }));
         assert_eq!(calls.get(), 1);
         assert!(r.unwrap_err().reason.contains("AccessDenied"));
+    }
+
+    #[test]
+    fn a_user_without_lingering_is_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        assert!(
+            linger_note(&root, "u")
+                .unwrap()
+                .contains("loginctl enable-linger")
+        );
+        fs::create_dir_all(dir.path().join("var/lib/systemd/linger")).unwrap();
+        fs::write(dir.path().join("var/lib/systemd/linger/u"), "").unwrap();
+        assert_eq!(linger_note(&root, "u"), None);
     }
 
     #[test]

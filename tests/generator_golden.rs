@@ -3,6 +3,10 @@
 //! first, then content), its exit status with `exit-status` and its stderr
 //! with `stderr` (the root path written as $ROOT).
 //!
+//! A case may hold an `env` file of KEY=VALUE lines for the generator's
+//! environment (e.g. SYSTEMD_SCOPE=user, HOME, XDG_RUNTIME_DIR for a user
+//! manager's generator; those paths are taken under `root/`).
+//!
 //! BERTH_UPDATE_GOLDEN=1 rewrites the expectations; review the diff.
 
 mod common;
@@ -13,6 +17,23 @@ use std::process::Command;
 
 use common::{Entry, generator_bin, golden_cases, tree};
 
+/// The generator, with the case's environment and nothing of the caller's
+/// that would change its behaviour.
+fn generator(case: &Path) -> Command {
+    let mut cmd = Command::new(generator_bin());
+    cmd.env("BERTH_ROOT", case.join("root"));
+    for var in ["SYSTEMD_SCOPE", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR"] {
+        cmd.env_remove(var);
+    }
+    if let Ok(text) = fs::read_to_string(case.join("env")) {
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let (k, v) = line.split_once('=').expect("env lines are KEY=VALUE");
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
 fn run_case(case: &Path) -> Result<(), String> {
     let root = case.join("root");
     let out = tempfile::tempdir().unwrap();
@@ -21,11 +42,7 @@ fn run_case(case: &Path) -> Result<(), String> {
     for d in [&normal, &early, &late] {
         fs::create_dir(d).unwrap();
     }
-    let result = Command::new(generator_bin())
-        .args([&normal, &early, &late])
-        .env("BERTH_ROOT", &root)
-        .output()
-        .unwrap();
+    let result = generator(case).args([&normal, &early, &late]).output().unwrap();
     let stderr = String::from_utf8_lossy(&result.stderr).replace(&*root.to_string_lossy(), "$ROOT");
     let status = result.status.code().unwrap_or(-1).to_string();
 
@@ -113,12 +130,7 @@ fn dry_run_matches_written_output() {
         return;
     }
     for case in golden_cases() {
-        let root = case.join("root");
-        let out = Command::new(generator_bin())
-            .arg("--dry-run")
-            .env("BERTH_ROOT", &root)
-            .output()
-            .unwrap();
+        let out = generator(&case).arg("--dry-run").output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         for (name, entry) in tree(&case.join("expected")) {
             match entry {

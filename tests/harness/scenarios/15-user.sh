@@ -40,6 +40,7 @@ run berth --user install
 check_eq "berth --user install: exit 0" "0" "$rc"
 check_contains "... enables berth.target" "enabled berth.target" "$out"
 check_contains "... verified" "verified: berth-daemon.service active" "$out"
+check_lacks "... with lingering on, no lingering note" "lingering is off" "$out"
 check "... under default.target" test -L "$R/home/u/.config/systemd/user/default.target.wants/berth.target"
 check_eq "... and writes no unit copies" "" "$(ct find /home/u/.config/systemd/user -name 'berth*' ! -name berth.target)"
 check "the user generator read ~/.config/berth" test -f "$R/run/user/1000/systemd/generator/berth@u1.service.d/10-berth.conf"
