@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config;
 use crate::paths::{Manager, Root};
+use crate::records::{self, Replacement};
 use crate::render::{self, Content};
 use crate::systemd::{Systemd, SystemdError};
 use crate::units::{self, DAEMON, DRAIN, TARGET};
@@ -152,7 +153,7 @@ impl FileContent {
             FileContent::Bytes(b, mode) => (format!("file {mode:o}"), b.as_slice()),
             FileContent::Symlink(t) => ("symlink".to_string(), t.as_bytes()),
         };
-        format!("{kind} {:016x}", fnv1a(bytes))
+        format!("{kind} {:016x}", render::fnv1a(bytes))
     }
 
     /// Whether `path` already holds exactly this.
@@ -168,15 +169,6 @@ impl FileContent {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
 fn fingerprint_of(path: &Path) -> Option<String> {
     let meta = fs::symlink_metadata(path).ok()?;
     let content = if meta.file_type().is_symlink() {
@@ -187,26 +179,15 @@ fn fingerprint_of(path: &Path) -> Option<String> {
     Some(content.fingerprint())
 }
 
-/// Temporary file in the same directory, fsync, rename: a crash leaves the
-/// old file or the new one, never half of one.
+/// Written atomically, like berth's other state (see [`records::replace`]).
 fn write_atomic(path: &Path, content: &FileContent) -> io::Result<()> {
-    let dir = path.parent().expect("absolute path");
-    fs::create_dir_all(dir)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.berth-install.{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    match content {
-        FileContent::Bytes(bytes, mode) => {
-            use std::io::Write;
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.set_permissions(fs::Permissions::from_mode(*mode))?;
-            f.sync_all()?;
-        }
-        FileContent::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
-    }
-    fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
+    records::replace(
+        path,
+        &match content {
+            FileContent::Bytes(bytes, mode) => Replacement::File(bytes, *mode),
+            FileContent::Symlink(target) => Replacement::Symlink(target),
+        },
+    )
 }
 
 /// Where a source install puts things, for one manager.

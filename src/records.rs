@@ -7,6 +7,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -184,9 +185,26 @@ pub fn update_locked(
     Ok(record)
 }
 
-/// Writes `bytes` to `path` so that readers see the old or the new file,
-/// never a torn one, also across a power failure.
+/// Writes a JSON document (`bytes` and a newline) to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut line = Vec::with_capacity(bytes.len() + 1);
+    line.extend_from_slice(bytes);
+    line.push(b'\n');
+    replace(path, &Replacement::File(&line, 0o644))
+}
+
+/// What [`replace`] puts at a path.
+pub enum Replacement<'a> {
+    /// Contents and permission bits.
+    File(&'a [u8], u32),
+    /// A symbolic link to this target.
+    Symlink(&'a str),
+}
+
+/// Replaces `path` so that readers see the old or the new file, never a
+/// torn one, also across a power failure: a temporary file in the same
+/// directory, fsync, rename, fsync of the directory.
+pub fn replace(path: &Path, with: &Replacement) -> io::Result<()> {
     let dir = path.parent().expect("path has a directory");
     fs::create_dir_all(dir)?;
     // Per process, so that two writers never share a temporary file.
@@ -195,11 +213,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
         std::process::id()
     ));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
+    let _ = fs::remove_file(&tmp);
+    match with {
+        Replacement::File(bytes, mode) => {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.set_permissions(fs::Permissions::from_mode(*mode))?;
+            f.sync_all()?;
+        }
+        Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
     }
     fs::rename(&tmp, path)?;
     File::open(dir)?.sync_all()

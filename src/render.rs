@@ -260,12 +260,17 @@ pub fn daemon_drop_in(root: &Root, loaded: &Loaded) -> String {
 /// A stable fingerprint (FNV-1a, 64 bits) of what the generator writes for
 /// a workload: equal as long as its unit would run the same way.
 pub fn definition_fingerprint(root: &Root, w: &Workload) -> String {
+    format!("{:016x}", fnv1a(workload_drop_in(root, w).as_bytes()))
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint, not a defence against tampering.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in workload_drop_in(root, w).bytes() {
-        hash ^= u64::from(byte);
+    for byte in bytes {
+        hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{hash:016x}")
+    hash
 }
 
 /// Everything the generator writes for this config, in a stable order.
