@@ -63,7 +63,7 @@ log "P5: adoption ${adopt_ms} ms; idle CPU ${cpu_s} s over ${IDLE_S} s; RSS ${rs
 # --- P4: SIGKILL → event ------------------------------------------------------
 sock=/proc/$CT_PID/root/run/berthd/api.sock
 p4=$(python3 - "$sock" "$CT_PID" "$KILLS" <<'PY'
-import json, os, socket, subprocess, sys, time
+import http.client, json, os, socket, subprocess, sys, time
 sock, ct, kills = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def ct_run(*cmd, check=True):
     return subprocess.run(["nsenter", "-t", ct, "-a", *cmd], check=check, capture_output=True, text=True).stdout.strip()
@@ -79,13 +79,18 @@ def host_pid(ct_pid):
             except OSError:
                 pass
     raise SystemExit(f"no host pid for {ct_pid}")
-s = socket.socket(socket.AF_UNIX); s.connect(sock)
-s.sendall(b"GET /v1/events HTTP/1.1\r\nHost: berth\r\n\r\n")
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(sock)
+conn = UnixConnection("berth")
+conn.request("GET", "/v1/events")
+stream = conn.getresponse()  # decodes the chunked framing
 buf = b""
 def next_event():
     global buf
     while b"\n\n" not in buf:
-        chunk = s.recv(65536)
+        chunk = stream.read1(65536)
         if not chunk:
             raise SystemExit("event stream closed")
         buf += chunk

@@ -11,12 +11,15 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use crate::config::{Loaded, Workload};
-use crate::freeze::{self, rfc3339};
+use crate::events::Events;
+use crate::names::instance_of;
 use crate::paths::Root;
 use crate::plan;
-use crate::records;
-use crate::report::Events;
-use crate::systemd::{Job, Ops, SystemdError};
+use crate::state::freeze;
+use crate::state::lock;
+use crate::state::records::{self, RecordState, TransitionReason};
+use crate::systemd::{Job, JobResult, Ops, SystemdError};
+use crate::time::rfc3339;
 
 pub const MESSAGE_ID: &str = "5afd3d3e87ee4d158033841e5f87b361";
 
@@ -52,7 +55,7 @@ pub async fn run<O: Ops>(
     let running: BTreeSet<String> = live
         .iter()
         .filter(|u| u.is_running())
-        .filter_map(|u| instance_of(&u.name))
+        .filter_map(|u| instance_of(&u.name).map(str::to_string))
         .collect();
     let mut summary = Summary {
         node_frozen: node_frozen.clone(),
@@ -61,15 +64,16 @@ pub async fn run<O: Ops>(
 
     let now = rfc3339(SystemTime::now());
     for name in &running {
-        let _ = records::update(root, name, |r| {
+        let adopted = records::update(root, name, |r| {
             r.adopted_at = Some(now.clone());
-            if r.state != "running" {
-                r.state = "running".into();
-                r.last_transition_reason = "adopted".into();
+            if r.state != RecordState::Running {
+                r.state = RecordState::Running;
+                r.last_transition_reason = TransitionReason::Adopted;
                 return true;
             }
             false
         });
+        events.recorded(name, adopted);
         summary.actions.push((name.clone(), Action::Adopted));
     }
     events.emit(
@@ -102,7 +106,7 @@ pub async fn run<O: Ops>(
             }
             // Held across the job, so the supervisor does not record this
             // start as someone else's.
-            let lock = records::lock(root, &w.name).ok();
+            let lock = lock::workload(root, &w.name).ok();
             match ops.start(&w.unit_name()).await {
                 Ok(job) if w.start_delay_s > 0 => {
                     let action = finish(ops, root, w, &job, lock, events).await;
@@ -111,7 +115,7 @@ pub async fn run<O: Ops>(
                 }
                 Ok(job) => pending.push((w, job, lock)),
                 Err(e) => {
-                    let action = record_start(root, w, Err(e.to_string()), lock, events);
+                    let action = record_start(root, w, Action::StartFailed(e.to_string()), lock, events);
                     summary.actions.push((w.name.clone(), action));
                 }
             }
@@ -153,14 +157,13 @@ async fn finish<O: Ops>(
     lock: Option<std::fs::File>,
     events: &Events,
 ) -> Action {
-    let result = ops.wait(job, None).await.unwrap_or_else(|| "unknown".into());
-    let outcome = if result == "done" {
-        Ok(())
-    } else {
-        Err(format!(
-            "start job {result}; see `systemctl status {}`",
+    let outcome = match ops.wait(job, None).await {
+        Some(JobResult::Done) => Action::Started,
+        result => Action::StartFailed(format!(
+            "start job {}; see `systemctl status {}`",
+            result.as_ref().map_or("unknown", JobResult::as_str),
             w.unit_name()
-        ))
+        )),
     };
     record_start(root, w, outcome, lock, events)
 }
@@ -168,19 +171,26 @@ async fn finish<O: Ops>(
 fn record_start(
     root: &Root,
     w: &Workload,
-    outcome: Result<(), String>,
+    outcome: Action,
     lock: Option<std::fs::File>,
     events: &Events,
 ) -> Action {
-    let (state, action) = match &outcome {
-        Ok(()) => ("running", Action::Started),
-        Err(e) => ("failed", Action::StartFailed(e.clone())),
+    let (state, detail) = match &outcome {
+        Action::StartFailed(e) => (RecordState::Failed, Some(e.clone())),
+        _ => (RecordState::Running, None),
     };
     let change = |r: &mut records::Record| {
-        r.state = state.into();
-        r.last_transition_reason = "boot".into();
-        r.outcome = Some(if outcome.is_ok() { "Started" } else { "StartFailed" }.into());
-        r.detail = outcome.as_ref().err().cloned();
+        r.state = state;
+        r.last_transition_reason = TransitionReason::Boot;
+        r.outcome = Some(
+            if detail.is_none() {
+                "Started"
+            } else {
+                "StartFailed"
+            }
+            .into(),
+        );
+        r.detail = detail.clone();
         r.code = None;
         r.detected_by = None;
         r.exit_cause = None;
@@ -193,38 +203,28 @@ fn record_start(
         Some(lock) => records::update_locked(root, &w.name, lock, change),
         None => records::update(root, &w.name, change),
     };
-    if let Err(e) = recorded {
-        events.warn(&format!("cannot record {}: {e}", w.name));
-    }
-    match &outcome {
-        Ok(()) => events.emit(
+    events.recorded(&w.name, recorded);
+    match &detail {
+        None => events.emit(
             log::Level::Info,
             "",
             &[("BERTH_WORKLOAD", w.name.clone())],
             &format!("started {}", w.unit_name()),
         ),
-        Err(e) => events.emit(
+        Some(e) => events.emit(
             log::Level::Error,
             "",
             &[("BERTH_WORKLOAD", w.name.clone())],
             &format!("failed to start {}: {e}", w.unit_name()),
         ),
     }
-    action
-}
-
-/// `berth@NAME.service` → `NAME`.
-pub fn instance_of(unit: &str) -> Option<String> {
-    unit.strip_prefix("berth@")
-        .and_then(|u| u.strip_suffix(".service"))
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
+    outcome
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::{Behaviour, FakeOps};
+    use crate::systemd::fake::{Behaviour, FakeOps};
 
     #[tokio::test(start_paused = true)]
     async fn groups_in_order_delays_hold_back_the_rest_and_skips_are_free() {

@@ -36,25 +36,53 @@ pub enum Mode {
     DryRun,
 }
 
-pub fn parse_args(args: &[String]) -> Result<Mode, String> {
+/// A command line the generator does not take; the text includes the usage.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+pub fn parse_args(args: &[String]) -> Result<Mode, UsageError> {
     let dry_run = args.iter().any(|a| a == "--dry-run");
     if let Some(bad) = args.iter().find(|a| a.starts_with('-') && *a != "--dry-run") {
-        return Err(format!("unknown option {bad}\n{USAGE}"));
+        return Err(UsageError(format!("unknown option {bad}\n{USAGE}")));
     }
     let dirs: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     match (dry_run, dirs.as_slice()) {
         (true, []) => Ok(Mode::DryRun),
         (false, [normal]) | (false, [normal, _, _]) => Ok(Mode::Write(PathBuf::from(normal))),
-        _ => Err(USAGE.to_string()),
+        _ => Err(UsageError(USAGE.to_string())),
     }
 }
+
+/// A file or directory the generator could not write.
+#[derive(Debug)]
+pub struct WriteError {
+    pub what: &'static str,
+    pub path: PathBuf,
+    pub error: io::Error,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot {} {}: {}", self.what, self.path.display(), self.error)
+    }
+}
+
+impl std::error::Error for WriteError {}
 
 /// Runs the generator; returns the exit status.
 pub fn run(args: &[String]) -> i32 {
     let mode = match parse_args(args) {
         Ok(m) => m,
         Err(msg) => {
-            eprintln!("berth-generator: {msg}");
+            Logger::new("berth-generator", false).error(&msg.to_string());
             return EXIT_USAGE;
         }
     };
@@ -88,12 +116,16 @@ pub fn run(args: &[String]) -> i32 {
             let mut out = io::stdout().lock();
             out.write_all(dry_run_text(&files).as_bytes())
                 .and_then(|()| out.flush())
-                .map_err(|e| format!("cannot write to stdout: {e}"))
+                .map_err(|error| WriteError {
+                    what: "write to",
+                    path: PathBuf::from("stdout"),
+                    error,
+                })
         }
         Mode::Write(dir) => write_files(dir, &files),
     };
-    if let Err(msg) = written {
-        log.error(&msg);
+    if let Err(e) = written {
+        log.error(&e.to_string());
         return EXIT_FAILURE;
     }
     if loaded.is_clean() { EXIT_OK } else { EXIT_FAILURE }
@@ -112,7 +144,7 @@ pub fn manager_of(scope: Option<&str>, argv0: &str) -> Manager {
 
 /// Writes `files` under `dir`. Generator output directories start empty
 /// on every run; an existing file is an error, not something to overwrite.
-pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
+pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), WriteError> {
     for f in files {
         let path = dir.join(&f.path);
         if let Some((parent, _)) = f.path.rsplit_once('/') {
@@ -120,7 +152,13 @@ pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
             match fs::create_dir(&parent) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("cannot create {}: {e}", parent.display())),
+                Err(error) => {
+                    return Err(WriteError {
+                        what: "create",
+                        path: parent,
+                        error,
+                    });
+                }
             }
         }
         let result = match &f.content {
@@ -131,7 +169,11 @@ pub fn write_files(dir: &Path, files: &[OutputFile]) -> Result<(), String> {
                 .and_then(|mut file| file.write_all(text.as_bytes())),
             Content::Symlink(target) => symlink(target, &path),
         };
-        result.map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        result.map_err(|error| WriteError {
+            what: "write",
+            path: path.clone(),
+            error,
+        })?;
     }
     Ok(())
 }

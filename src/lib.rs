@@ -3,7 +3,12 @@
 //!
 //! Data flows `config` (load, merge, validate) → `plan` (pure ordering and
 //! budgets) → `render` (unit text, the one escaper) → `generator` (writes
-//! it). The `berth` binary's verbs live in `cli`.
+//! it). The helpers (`autostart`, `drain`, `install`, `live`, `status`) and
+//! the supervisor (`daemon`, `api`) reach systemd only through
+//! `systemd::Ops` and keep their state through `state`. The `berth`
+//! binary's verbs live in `cli`, one file per verb family.
+
+mod macros;
 
 pub mod api;
 pub mod autostart;
@@ -11,18 +16,17 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod drain;
-#[cfg(test)]
-pub mod fake;
-pub mod freeze;
+pub mod events;
 pub mod generator;
 pub mod install;
 pub mod live;
 pub mod log;
+pub mod names;
 pub mod paths;
 pub mod plan;
-pub mod records;
 pub mod render;
-pub mod report;
+pub mod state;
 pub mod status;
 pub mod systemd;
+pub mod time;
 pub mod units;

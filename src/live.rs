@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::systemd::{Systemd, SystemdError};
-use crate::units::{DRAIN, TARGET};
+use crate::names::{DRAIN, SLICE, TARGET};
+use crate::systemd::{ActiveState, LoadState, Ops, SystemdError, UnitTopology};
 
 /// Units whose start is the shutdown: a unit that conflicts with one of
 /// them is stopped by the shutdown transaction (mounts through umount.target).
@@ -24,33 +24,7 @@ const SHUTDOWN_UNITS: &[&str] = &[
     "exit.target",
 ];
 
-/// What the check needs of one loaded unit.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LiveUnit {
-    pub load_state: String,
-    pub active_state: String,
-    pub requires: Vec<String>,
-    pub requisite: Vec<String>,
-    /// Units with `PropagatesStopTo=` this one.
-    pub stop_propagated_from: Vec<String>,
-    pub binds_to: Vec<String>,
-    pub part_of: Vec<String>,
-    pub conflicts: Vec<String>,
-    /// Units that declared `Conflicts=` with this one.
-    pub conflicted_by: Vec<String>,
-    pub after: Vec<String>,
-    pub drop_ins: Vec<String>,
-    /// Services: the Slice=; empty otherwise.
-    pub slice: String,
-    /// Services: each ExecStop= argv.
-    pub exec_stop: Vec<Vec<String>>,
-    pub refuse_manual_stop: bool,
-    pub ignore_on_isolate: bool,
-    /// Services: TimeoutStopUSec.
-    pub timeout_stop_us: u64,
-}
-
-impl LiveUnit {
+impl UnitTopology {
     /// Units whose stop (or restart) propagates to this one.
     fn stop_sources(&self) -> impl Iterator<Item = (&'static str, &String)> {
         let requires = self.requires.iter().map(|u| ("Requires", u));
@@ -89,7 +63,7 @@ impl LiveUnit {
 /// conflict with a shutdown unit, or a stop propagated from a unit that is.
 fn stopped_at_shutdown(
     unit: &str,
-    units: &BTreeMap<String, LiveUnit>,
+    units: &BTreeMap<String, UnitTopology>,
     seen: &mut BTreeSet<String>,
 ) -> Option<String> {
     if !seen.insert(unit.to_string()) {
@@ -124,13 +98,17 @@ pub struct Expected {
 /// Every broken invariant among the loaded units: the drain, the slice and
 /// each workload in `workloads`. `units` holds those and what they depend
 /// on, transitively.
-pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expected: Expected) -> Vec<String> {
+pub fn problems(
+    workloads: &[String],
+    units: &BTreeMap<String, UnitTopology>,
+    expected: Expected,
+) -> Vec<String> {
     let mut out = Vec::new();
     match units.get(DRAIN) {
         None => out.push(format!(
             "{DRAIN} is not loaded: nothing drains the workloads at shutdown"
         )),
-        Some(d) if d.load_state != "loaded" => out.push(format!(
+        Some(d) if d.load_state != LoadState::Loaded => out.push(format!(
             "{DRAIN} is {}: its unit file is gone, so no drain runs at shutdown (reinstall berth)",
             d.load_state
         )),
@@ -171,9 +149,13 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expect
             }
             let running = workloads
                 .iter()
-                .filter(|w| units.get(*w).is_some_and(|u| u.active_state == "active"))
+                .filter(|w| {
+                    units
+                        .get(*w)
+                        .is_some_and(|u| u.active_state == ActiveState::Active)
+                })
                 .count();
-            if d.active_state != "active" && running > 0 {
+            if d.active_state != ActiveState::Active && running > 0 {
                 out.push(format!(
                     "{DRAIN} is {} while {running} workload(s) run: a shutdown now would not drain them \
                      (systemctl start {DRAIN})",
@@ -194,7 +176,7 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expect
                 slice.where_from()
             ));
         }
-        if slice.load_state == "loaded" && !slice.refuse_manual_stop {
+        if slice.load_state == LoadState::Loaded && !slice.refuse_manual_stop {
             out.push(format!(
                 "berth.slice lost RefuseManualStop=yes{}: stopping it would stop every workload at once",
                 slice.where_from()
@@ -204,7 +186,7 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expect
     for name in workloads {
         let Some(w) = units.get(name) else { continue };
         let from = w.where_from();
-        if w.load_state != "loaded" {
+        if w.load_state != LoadState::Loaded {
             out.push(format!(
                 "{name} is {}: it lost its ExecStop, slice and ordering",
                 w.load_state
@@ -244,18 +226,18 @@ pub fn problems(workloads: &[String], units: &BTreeMap<String, LiveUnit>, expect
 }
 
 /// Reads the berth units and, transitively, what they depend on.
-pub async fn gather(
-    sd: &Systemd,
+pub async fn gather<O: Ops>(
+    sd: &O,
     configured: &[String],
-) -> Result<(Vec<String>, BTreeMap<String, LiveUnit>), SystemdError> {
+) -> Result<(Vec<String>, BTreeMap<String, UnitTopology>), SystemdError> {
     let mut workloads: BTreeSet<String> = configured.iter().cloned().collect();
-    for u in sd.list_units("berth@*.service").await? {
+    for u in sd.list_workloads().await? {
         if !u.name.ends_with("@.service") {
             workloads.insert(u.name);
         }
     }
     let mut todo: Vec<String> = workloads.iter().cloned().collect();
-    todo.extend([DRAIN.to_string(), "berth.slice".into(), TARGET.into()]);
+    todo.extend([DRAIN.to_string(), SLICE.into(), TARGET.into()]);
     let mut units = BTreeMap::new();
     // Bounded: dependency chains are short, but a bad admin setup must
     // not make this walk the whole unit graph.
@@ -264,14 +246,13 @@ pub async fn gather(
             continue;
         }
         if units.len() >= MAX_UNITS {
-            return Err(SystemdError {
-                operation: "walk the dependencies of",
-                unit: "the berth units".into(),
-                error_name: String::new(),
-                message: format!("more than {MAX_UNITS} units: the check would be incomplete"),
-            });
+            return Err(SystemdError::local(
+                "walk the dependencies of",
+                "the berth units",
+                format!("more than {MAX_UNITS} units: the check would be incomplete"),
+            ));
         }
-        let u = read_unit(sd, &name).await?;
+        let u = sd.topology(&name).await?;
         for (_, dep) in u.stop_sources() {
             todo.push(dep.clone());
         }
@@ -281,36 +262,6 @@ pub async fn gather(
 }
 
 const MAX_UNITS: usize = 512;
-
-type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
-
-async fn read_unit(sd: &Systemd, name: &str) -> Result<LiveUnit, SystemdError> {
-    let list = |prop: &'static str| async move { sd.unit_property::<Vec<String>>(name, "Unit", prop).await };
-    let mut u = LiveUnit {
-        load_state: sd.unit_property(name, "Unit", "LoadState").await?,
-        active_state: sd.unit_property(name, "Unit", "ActiveState").await?,
-        requires: list("Requires").await?,
-        requisite: list("Requisite").await?,
-        // Newer than some systemd versions berth may meet: absent, empty.
-        stop_propagated_from: list("StopPropagatedFrom").await.unwrap_or_default(),
-        conflicted_by: list("ConflictedBy").await?,
-        binds_to: list("BindsTo").await?,
-        part_of: list("PartOf").await?,
-        conflicts: list("Conflicts").await?,
-        after: list("After").await?,
-        drop_ins: list("DropInPaths").await?,
-        refuse_manual_stop: sd.unit_property(name, "Unit", "RefuseManualStop").await?,
-        ignore_on_isolate: sd.unit_property(name, "Unit", "IgnoreOnIsolate").await?,
-        ..LiveUnit::default()
-    };
-    if name.ends_with(".service") && u.load_state == "loaded" {
-        u.slice = sd.unit_property(name, "Service", "Slice").await?;
-        u.timeout_stop_us = sd.unit_property(name, "Service", "TimeoutStopUSec").await?;
-        let stops: Vec<ExecCommand> = sd.unit_property(name, "Service", "ExecStop").await?;
-        u.exec_stop = stops.into_iter().map(|c| c.1).collect();
-    }
-    Ok(u)
-}
 
 #[cfg(test)]
 mod tests {
@@ -325,27 +276,27 @@ mod tests {
     };
 
     /// The units as the packaged files and the generator make them.
-    fn healthy() -> BTreeMap<String, LiveUnit> {
+    fn healthy() -> BTreeMap<String, UnitTopology> {
         let mut m = BTreeMap::new();
         m.insert(
             DRAIN.to_string(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 conflicts: s(&["shutdown.target"]),
                 after: s(&["basic.target", "dbus.service"]),
                 slice: "system.slice".into(),
                 exec_stop: vec![s(&["/usr/bin/berth", "drain"])],
                 refuse_manual_stop: true,
                 ignore_on_isolate: true,
-                active_state: "active".into(),
+                active_state: ActiveState::Active,
                 timeout_stop_us: 210_000_000,
                 ..Default::default()
             },
         );
         m.insert(
             "berth.slice".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 requires: s(&["-.slice"]),
                 refuse_manual_stop: true,
                 ignore_on_isolate: true,
@@ -354,20 +305,20 @@ mod tests {
         );
         m.insert(
             "-.slice".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 ..Default::default()
             },
         );
         m.insert(
             "berth@a.service".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 requires: s(&["berth.slice"]),
                 after: s(&["basic.target", DRAIN]),
                 slice: "berth.slice".into(),
                 ignore_on_isolate: true,
-                active_state: "active".into(),
+                active_state: ActiveState::Active,
                 ..Default::default()
             },
         );
@@ -393,16 +344,16 @@ mod tests {
             s(&["/etc/systemd/system/berth@a.service.d/override.conf"]);
         m.insert(
             "db.service".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 binds_to: s(&["x.mount"]),
                 ..Default::default()
             },
         );
         m.insert(
             "x.mount".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 conflicts: s(&["umount.target"]),
                 ..Default::default()
             },
@@ -424,16 +375,16 @@ mod tests {
         m.get_mut("berth@a.service").unwrap().stop_propagated_from = s(&["db.service"]);
         m.insert(
             "db.service".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 requisite: s(&["y.mount"]),
                 ..Default::default()
             },
         );
         m.insert(
             "y.mount".into(),
-            LiveUnit {
-                load_state: "loaded".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
                 conflicted_by: s(&["umount.target"]),
                 ..Default::default()
             },
@@ -451,7 +402,7 @@ mod tests {
         let mut m = healthy();
         let d = m.get_mut(DRAIN).unwrap();
         d.timeout_stop_us = 90_000_000;
-        d.active_state = "inactive".into();
+        d.active_state = ActiveState::Inactive;
         m.get_mut("berth.slice").unwrap().refuse_manual_stop = false;
         m.get_mut("berth@a.service").unwrap().ignore_on_isolate = false;
         let p = problems(&s(&["berth@a.service"]), &m, EXPECTED).join("\n");
@@ -482,7 +433,7 @@ mod tests {
         ] {
             assert!(p.contains(needle), "{needle}: {p}");
         }
-        m.get_mut(DRAIN).unwrap().load_state = "not-found".into();
+        m.get_mut(DRAIN).unwrap().load_state = LoadState::NotFound;
         assert!(problems(&[], &m, EXPECTED)[0].contains("not-found"));
     }
 

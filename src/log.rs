@@ -55,10 +55,12 @@ impl Logger {
                 );
                 // One write() per record: kmsg takes a record per write.
                 if f.write_all(line.as_bytes()).is_err() {
-                    eprintln!("{}: {msg}", self.ident);
+                    let _ = writeln!(std::io::stderr(), "{}: {msg}", self.ident);
                 }
             }
-            Target::Stderr => eprintln!("{}: {msg}", self.ident),
+            Target::Stderr => {
+                let _ = writeln!(std::io::stderr(), "{}: {msg}", self.ident);
+            }
         }
     }
 

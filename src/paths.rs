@@ -62,23 +62,47 @@ pub struct UserDirs {
     pub home: PathBuf,
 }
 
+/// Why a user's directories cannot be known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserEnvError {
+    HomeUnset,
+    HomeNotAbsolute(PathBuf),
+    RuntimeDirUnset,
+}
+
+impl std::fmt::Display for UserEnvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UserEnvError::HomeUnset => f.write_str("HOME is not set"),
+            UserEnvError::HomeNotAbsolute(home) => {
+                write!(f, "HOME is not an absolute path: {}", home.display())
+            }
+            UserEnvError::RuntimeDirUnset => f.write_str(
+                "XDG_RUNTIME_DIR is not set (log in, or enable lingering: loginctl enable-linger)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UserEnvError {}
+
 impl UserDirs {
     /// From the environment; the error says which variable is missing.
-    pub fn from_env() -> Result<UserDirs, String> {
+    pub fn from_env() -> Result<UserDirs, UserEnvError> {
         let var = |name: &str| {
             std::env::var_os(name)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        let home = var("HOME").ok_or("HOME is not set")?;
+        let home = var("HOME").ok_or(UserEnvError::HomeUnset)?;
         let config_home = var("XDG_CONFIG_HOME")
             .filter(|p| p.is_absolute())
             .unwrap_or_else(|| home.join(".config"));
         let runtime_dir = var("XDG_RUNTIME_DIR")
             .filter(|p| p.is_absolute())
-            .ok_or("XDG_RUNTIME_DIR is not set (log in, or enable lingering: loginctl enable-linger)")?;
+            .ok_or(UserEnvError::RuntimeDirUnset)?;
         if !home.is_absolute() {
-            return Err(format!("HOME is not an absolute path: {}", home.display()));
+            return Err(UserEnvError::HomeNotAbsolute(home));
         }
         Ok(UserDirs {
             config_home,
@@ -119,7 +143,7 @@ impl Root {
     }
 
     /// The paths for `manager`, from the environment.
-    pub fn for_manager(manager: Manager) -> Result<Self, String> {
+    pub fn for_manager(manager: Manager) -> Result<Self, UserEnvError> {
         match manager {
             Manager::System => Ok(Root::from_env()),
             Manager::User => Ok(Root::new_user(env_root(), UserDirs::from_env()?)),
@@ -188,6 +212,29 @@ impl Root {
             None => PathBuf::from(DAEMON_RUNTIME_DIR).join("api.sock"),
             Some(u) => u.runtime_dir.join("berthd/api.sock"),
         }
+    }
+}
+
+/// Where a source install puts the binary, the units and the generator
+/// for the system manager (a per-user install uses the user's own).
+pub const LOCAL_BINDIR: &str = "/usr/local/bin";
+pub const LOCAL_SYSTEM_UNIT_DIR: &str = "/usr/local/lib/systemd/system";
+pub const LOCAL_SYSTEM_GENERATOR_DIR: &str = "/usr/local/lib/systemd/system-generators";
+
+/// Where systemd reads user generators from (system directories only).
+pub const USER_GENERATOR_DIRS: [&str; 4] = [
+    "/etc/systemd/user-generators",
+    "/usr/local/lib/systemd/user-generators",
+    "/usr/lib/systemd/user-generators",
+    "/lib/systemd/user-generators",
+];
+
+/// The vendor unit directories, where a package puts units (Debian's /lib
+/// included): units there mean berth came from a package.
+pub fn vendor_unit_dirs(manager: Manager) -> [&'static str; 2] {
+    match manager {
+        Manager::System => ["/usr/lib/systemd/system", "/lib/systemd/system"],
+        Manager::User => ["/usr/lib/systemd/user", "/lib/systemd/user"],
     }
 }
 

@@ -39,8 +39,21 @@ pub fn drain_timeout_stop_s(deadline_s: u64) -> u64 {
     deadline_s + DRAIN_EXIT_MARGIN_S
 }
 
+/// A drain deadline that does not fit under the manager's shutdown limit;
+/// the message names every number involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadlineTooLong(String);
+
+impl std::fmt::Display for DeadlineTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeadlineTooLong {}
+
 /// Whether a drain deadline fits under the manager's own shutdown limit.
-pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), String> {
+pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), DeadlineTooLong> {
     let (limit, headroom, what) = match manager {
         Manager::System => (
             SYSTEM_SHUTDOWN_JOB_TIMEOUT_S,
@@ -56,12 +69,12 @@ pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), Str
     let unit_timeout = deadline_s.saturating_add(DRAIN_EXIT_MARGIN_S);
     let needed = unit_timeout.saturating_add(headroom);
     if needed > limit {
-        return Err(format!(
+        return Err(DeadlineTooLong(format!(
             "{deadline_s} s does not fit: the drain unit's TimeoutStopSec would be {unit_timeout} s \
              (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {headroom} s for the rest \
              of the shutdown that is {needed} s, over the {limit} s of {what}; use at most {} s",
             limit - DRAIN_EXIT_MARGIN_S - headroom
-        ));
+        )));
     }
     Ok(())
 }
@@ -189,7 +202,9 @@ mod tests {
     #[test]
     fn deadline_limit_names_the_numbers() {
         assert!(check_drain_deadline(1650, Manager::System).is_ok());
-        let e = check_drain_deadline(1651, Manager::System).unwrap_err();
+        let e = check_drain_deadline(1651, Manager::System)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("1681 s") && e.contains("1801 s") && e.contains("1800 s"),
             "{e}"
@@ -200,7 +215,7 @@ mod tests {
         let user_default = crate::config::host::USER_DEFAULT_DRAIN_DEADLINE_S;
         assert!(check_drain_deadline(user_default, Manager::User).is_ok());
         assert!(check_drain_deadline(75, Manager::User).is_ok());
-        let e = check_drain_deadline(76, Manager::User).unwrap_err();
+        let e = check_drain_deadline(76, Manager::User).unwrap_err().to_string();
         assert!(e.contains("user@.service") && e.contains("at most 75 s"), "{e}");
     }
 

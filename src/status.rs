@@ -7,16 +7,43 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use crate::config;
-use crate::freeze::{self, Scope};
+use crate::names::{AUTOSTART, DAEMON, DRAIN, TARGET};
 use crate::paths::{Manager, Root, unit_dirs};
-use crate::systemd::{self, Systemd};
+use crate::state::drain_report;
+use crate::state::freeze::{self, Scope};
+use crate::systemd::{ActiveState, Ops, SystemdError};
+use crate::time::parse_rfc3339;
 
-const UNITS: [&str; 4] = [
-    "berth.target",
-    "berth-drain.service",
-    "berth-autostart.service",
-    "berth-daemon.service",
-];
+const UNITS: [&str; 4] = [TARGET, DRAIN, AUTOSTART, DAEMON];
+
+/// Why systemd could not be asked: told in the status, never a failure.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The berth units' ActiveState and MainPID, from the manager.
+pub async fn live_units<O: Ops>(sd: &O) -> Result<serde_json::Map<String, Value>, SystemdError> {
+    let mut units = serde_json::Map::new();
+    for unit in UNITS {
+        // A target has no Service interface, hence no MainPID.
+        let (active_state, main_pid) = if unit.ends_with(".service") {
+            let details = sd.details(unit).await?;
+            (details.active_state, details.main_pid)
+        } else {
+            (sd.active_state(unit).await?, 0)
+        };
+        units.insert(
+            unit.into(),
+            json!({"active_state": active_state, "main_pid": main_pid}),
+        );
+    }
+    Ok(units)
+}
 
 /// Status when the user's environment itself is unusable (no HOME, no
 /// XDG_RUNTIME_DIR): still an answer, with the reason.
@@ -39,10 +66,15 @@ fn manager_name(manager: Manager) -> &'static str {
     }
 }
 
-pub fn gather(root: &Root) -> Value {
+/// The whole status; `live` asks the manager, and is called only when
+/// berth is installed.
+pub fn gather(
+    root: &Root,
+    live: impl FnOnce() -> Result<serde_json::Map<String, Value>, Unreachable>,
+) -> Value {
     let unit_file = unit_dirs(root)
         .into_iter()
-        .map(|d| d.join("berth-drain.service"))
+        .map(|d| d.join(DRAIN))
         .find(|p| p.exists());
     let loaded = config::load(root);
     let mut out = json!({
@@ -59,39 +91,18 @@ pub fn gather(root: &Root) -> Value {
         out["reason"] = json!("berth's units are not installed");
         return out;
     }
-    let live = systemd::runtime().map_err(|e| e.to_string()).and_then(|rt| {
-        rt.block_on(async {
-            let sd = Systemd::connect(root.manager())
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut units = serde_json::Map::new();
-            for unit in UNITS {
-                let active_state = sd.active_state(unit).await.map_err(|e| e.to_string())?;
-                let main_pid = if unit.ends_with(".service") {
-                    sd.details(unit).await.map(|d| d.main_pid).unwrap_or(0)
-                } else {
-                    0
-                };
-                units.insert(
-                    unit.into(),
-                    json!({"active_state": active_state, "main_pid": main_pid}),
-                );
-            }
-            Ok::<_, String>(units)
-        })
-    });
     // A user manager without a user bus still answers systemctl on its
     // private socket: a missing bus alone does not make it unusable.
-    let live = match live {
+    let live = match live() {
         Err(reason) if root.manager() == Manager::User => {
-            via_systemctl(Manager::User).map_err(|e| format!("{reason}; systemctl --user: {e}"))
+            via_systemctl(Manager::User).map_err(|e| Unreachable(format!("{reason}; systemctl --user: {e}")))
         }
         other => other,
     };
     match live {
         Ok(units) => {
             out["loaded"] = json!(true);
-            let daemon_active = units["berth-daemon.service"]["active_state"] == "active";
+            let daemon_active = units[DAEMON]["active_state"] == ActiveState::Active.as_str();
             out["daemon"] = daemon_health(root, &loaded, daemon_active);
             out["units"] = Value::Object(units);
         }
@@ -105,14 +116,16 @@ pub fn gather(root: &Root) -> Value {
 
 /// The berth units' state from `systemctl show` (which uses the manager's
 /// private socket), when the bus is not there.
-fn via_systemctl(manager: Manager) -> Result<serde_json::Map<String, Value>, String> {
+fn via_systemctl(manager: Manager) -> Result<serde_json::Map<String, Value>, Unreachable> {
     let out = std::process::Command::new("systemctl")
         .args([manager.flag(), "show", "--property=Id,ActiveState,MainPID"])
         .args(UNITS)
         .output()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Unreachable(e.to_string()))?;
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        return Err(Unreachable(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut units = serde_json::Map::new();
@@ -131,7 +144,7 @@ fn via_systemctl(manager: Manager) -> Result<serde_json::Map<String, Value>, Str
         );
     }
     if units.len() != UNITS.len() {
-        return Err(format!("unexpected output: {text}"));
+        return Err(Unreachable(format!("unexpected output: {text}")));
     }
     Ok(units)
 }
@@ -143,9 +156,9 @@ fn daemon_health(root: &Root, loaded: &config::Loaded, active: bool) -> Value {
         return json!({"running": false});
     }
     let path = root.runtime_dir().join("status.json");
-    let Ok(doc) = std::fs::read(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
+    let Some(doc) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
     else {
         return json!({"running": true, "health": "degraded", "reason": "no status file yet"});
     };
@@ -192,19 +205,14 @@ fn frozen(root: &Root, loaded: &config::Loaded) -> Value {
 }
 
 fn last_drain(root: &Root) -> Value {
-    let path = root.state_dir().join("last-drain.json");
-    let Ok(report) = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<crate::drain::Report>(&b).ok())
-        .ok_or(())
-    else {
+    let Ok((_, report)) = drain_report::read(root) else {
         return Value::Null;
     };
-    let mut counts = serde_json::Map::new();
-    for w in &report.workloads {
-        let n = counts.entry(w.outcome.as_str()).or_insert(json!(0));
-        *n = json!(n.as_u64().unwrap_or(0) + 1);
-    }
+    let counts: serde_json::Map<String, Value> = report
+        .counts()
+        .into_iter()
+        .map(|(outcome, n)| (outcome.as_str().to_string(), json!(n)))
+        .collect();
     json!({
         "finished_at": report.finished_at,
         "elapsed_ms": report.elapsed_ms,
@@ -213,106 +221,16 @@ fn last_drain(root: &Root) -> Value {
     })
 }
 
-/// Whole-second UTC RFC 3339, as berth writes it.
-fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[10] != b'T' || b[19] != b'Z' {
-        return None;
-    }
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d, hh, mm, ss) = (n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?, n(14..16)?, n(17..19)?);
-    // Days from civil (H. Hinnant), the inverse of freeze::rfc3339.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s))
-}
-
-pub fn text(v: &Value) -> String {
-    let mut out = String::new();
-    let yes = |b: &Value| if b == true { "yes" } else { "no" };
-    if let Some(manager) = v["manager"].as_str() {
-        out.push_str(&format!("manager: {manager}\n"));
-    }
-    out.push_str(&format!("installed: {}\n", yes(&v["installed"])));
-    out.push_str(&format!("loaded: {}", yes(&v["loaded"])));
-    if let Some(reason) = v["reason"].as_str() {
-        out.push_str(&format!(" ({reason})"));
-    }
-    out.push('\n');
-    if let Some(units) = v["units"].as_object() {
-        for (unit, u) in units {
-            out.push_str(&format!(
-                "  {unit}: {}{}\n",
-                u["active_state"].as_str().unwrap_or("?"),
-                u["main_pid"]
-                    .as_u64()
-                    .filter(|p| *p > 0)
-                    .map(|p| format!(" (pid {p})"))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    if let Some(health) = v["daemon"]["health"].as_str() {
-        out.push_str(&format!("daemon: {health}"));
-        if v["daemon"]["heartbeat_stale"] == true {
-            out.push_str(" (heartbeat stopped advancing)");
-        }
-        out.push('\n');
-    }
-    match v["frozen"]["frozen_scope"].as_str() {
-        Some(scope) => out.push_str(&format!(
-            "frozen: {scope}{}\n",
-            v["frozen"]["frozen_at"]
-                .as_str()
-                .filter(|t| !t.is_empty())
-                .map(|t| format!(" since {t}"))
-                .unwrap_or_default()
-        )),
-        None => out.push_str("frozen: no\n"),
-    }
-    if !v["last_drain"].is_null() {
-        out.push_str(&format!(
-            "last drain: {} in {} ms: {}\n",
-            v["last_drain"]["finished_at"].as_str().unwrap_or("?"),
-            v["last_drain"]["elapsed_ms"],
-            v["last_drain"]["outcomes"]
-        ));
-    }
-    if v["config_errors"].as_u64().unwrap_or(0) > 0 {
-        out.push_str(&format!(
-            "config: {} problem(s); see berth check\n",
-            v["config_errors"]
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn rfc3339_round_trip() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_971_581);
-        assert_eq!(parse_rfc3339(&freeze::rfc3339(t)), Some(t));
-        assert_eq!(parse_rfc3339("garbage"), None);
-    }
-
-    #[test]
     fn not_installed_means_no_dbus_and_a_reason() {
         let dir = tempfile::tempdir().unwrap();
-        let v = gather(&Root::new(dir.path()));
+        let v = gather(&Root::new(dir.path()), || panic!("not installed: no D-Bus call"));
         assert_eq!(v["installed"], false);
         assert_eq!(v["loaded"], false);
         assert!(v["reason"].as_str().unwrap().contains("not installed"));
-        assert!(text(&v).contains("installed: no"));
     }
 }

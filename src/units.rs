@@ -8,32 +8,19 @@
 
 use std::path::Path;
 
+use crate::names::{AUTOSTART, DAEMON, DRAIN, SLICE, TARGET, TEMPLATE};
 use crate::paths::{Manager, STATE_DIR};
 use crate::render::exec_line;
 
 /// (unit file name, template). berth.target first: it is what gets enabled.
 pub const TEMPLATES: [(&str, &str); 6] = [
-    ("berth.target", include_str!("../units/berth.target.in")),
-    ("berth.slice", include_str!("../units/berth.slice.in")),
-    (
-        "berth-drain.service",
-        include_str!("../units/berth-drain.service.in"),
-    ),
-    (
-        "berth-autostart.service",
-        include_str!("../units/berth-autostart.service.in"),
-    ),
-    (
-        "berth-daemon.service",
-        include_str!("../units/berth-daemon.service.in"),
-    ),
-    ("berth@.service", include_str!("../units/berth@.service.in")),
+    (TARGET, include_str!("../units/berth.target.in")),
+    (SLICE, include_str!("../units/berth.slice.in")),
+    (DRAIN, include_str!("../units/berth-drain.service.in")),
+    (AUTOSTART, include_str!("../units/berth-autostart.service.in")),
+    (DAEMON, include_str!("../units/berth-daemon.service.in")),
+    (TEMPLATE, include_str!("../units/berth@.service.in")),
 ];
-
-pub const TARGET: &str = "berth.target";
-pub const DRAIN: &str = "berth-drain.service";
-pub const AUTOSTART: &str = "berth-autostart.service";
-pub const DAEMON: &str = "berth-daemon.service";
 
 /// The unit texts for `manager`, with the `berth` binary in `bindir`.
 pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {

@@ -221,3 +221,20 @@ fn completions_for_each_shell() {
     }
     assert_eq!(code(&run(berth_bin(), &["completions", "tcsh"], None)), 2);
 }
+
+#[test]
+fn drain_json_goes_with_dry_run_or_last() {
+    let empty = tempfile::tempdir().unwrap();
+    let o = run(berth_bin(), &["drain", "--json"], Some(empty.path()));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--dry-run"), "{}", stderr(&o));
+    let o = run(berth_bin(), &["drain", "--dry-run", "--last"], Some(empty.path()));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = run(berth_bin(), &["drain", "--dry-run", "--json"], Some(empty.path()));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        o.stdout.starts_with(b"{"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

@@ -149,7 +149,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
 
     let mut drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
     if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
-        r.error("drain_deadline_s", reason);
+        r.error("drain_deadline_s", reason.to_string());
         drain_deadline_s = d.drain_deadline_s;
     }
 

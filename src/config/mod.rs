@@ -12,10 +12,11 @@ mod read;
 mod source;
 mod workload;
 
+pub use crate::names::{is_valid_workload_name, unit_name};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, passthrough_rule};
 pub use source::Discovered;
-pub use workload::{StopAction, Workload, WorkloadKind, is_valid_workload_name, unit_name};
+pub use workload::{StopAction, Workload, WorkloadKind};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -451,7 +451,7 @@ pub(super) fn validate(table: &Table, file: &Path, errors: &mut Vec<ConfigError>
                 key: static_key(key),
                 value: text,
             }),
-            Err(why) => errors.push(ConfigError::key(file, at, why)),
+            Err(why) => errors.push(ConfigError::key(file, at, why.0)),
         }
     }
     out
@@ -467,7 +467,17 @@ fn static_key(key: &str) -> &'static str {
         .expect("key was found on the allowlist")
 }
 
-fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> {
+/// Why a value is refused, for the key's error message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Invalid(String);
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, Invalid> {
     match (kind, value) {
         (Bool | BoolOr(_), Value::Boolean(b)) => Ok(yes_no(*b)),
         (Names { boolean: true, .. }, Value::Boolean(b)) => Ok(yes_no(*b)),
@@ -480,7 +490,10 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
                 } else {
                     ""
                 };
-                Err(format!("must be one of {also}{}; not {s:?}", quoted_list(words)))
+                Err(Invalid(format!(
+                    "must be one of {also}{}; not {s:?}",
+                    quoted_list(words)
+                )))
             }
         }
         (Int(min, max), Value::Integer(n)) => in_range(*n, min, max).map(|n| n.to_string()),
@@ -494,7 +507,12 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
             for item in items {
                 match item {
                     Value::String(s) => words.push(s.as_str()),
-                    other => return Err(format!("list items must be strings, not {}", other.type_str())),
+                    other => {
+                        return Err(Invalid(format!(
+                            "list items must be strings, not {}",
+                            other.type_str()
+                        )));
+                    }
                 }
             }
             check_list(kind, &words)
@@ -506,20 +524,24 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, String> 
             if check_string(kind, s) {
                 Ok(s.clone())
             } else {
-                Err(format!("must be {}, not {s:?}", expectation(kind)))
+                Err(Invalid(format!("must be {}, not {s:?}", expectation(kind))))
             }
         }
-        (_, other) => Err(format!("must be {}, not {}", expectation(kind), other.type_str())),
+        (_, other) => Err(Invalid(format!(
+            "must be {}, not {}",
+            expectation(kind),
+            other.type_str()
+        ))),
     }
 }
 
-fn in_range(n: i64, min: i64, max: i64) -> Result<i64, String> {
+fn in_range(n: i64, min: i64, max: i64) -> Result<i64, Invalid> {
     if (min..=max).contains(&n) {
         Ok(n)
     } else if max == i64::MAX {
-        Err(format!("must be at least {min}, not {n}"))
+        Err(Invalid(format!("must be at least {min}, not {n}")))
     } else {
-        Err(format!("must be from {min} to {max}, not {n}"))
+        Err(Invalid(format!("must be from {min} to {max}, not {n}")))
     }
 }
 
@@ -583,9 +605,9 @@ fn check_string(kind: PassthroughKind, s: &str) -> bool {
 }
 
 /// Validates a list and renders it as systemd reads it.
-fn check_list(kind: PassthroughKind, words: &[&str]) -> Result<String, String> {
+fn check_list(kind: PassthroughKind, words: &[&str]) -> Result<String, Invalid> {
     let Some(first) = words.first() else {
-        return Err("must not be empty".into());
+        return Err(Invalid("must not be empty".into()));
     };
     match kind {
         Names { table, invert, .. } => {
@@ -599,7 +621,10 @@ fn check_list(kind: PassthroughKind, words: &[&str]) -> Result<String, String> {
                     } else {
                         ""
                     };
-                    return Err(format!("{w:?} is not one of {}{hint}", quoted_list(table)));
+                    return Err(Invalid(format!(
+                        "{w:?} is not one of {}{hint}",
+                        quoted_list(table)
+                    )));
                 }
                 names.push(name);
             }
@@ -608,10 +633,10 @@ fn check_list(kind: PassthroughKind, words: &[&str]) -> Result<String, String> {
         Paths => {
             for w in words {
                 if !path_entry(w) {
-                    return Err(format!(
+                    return Err(Invalid(format!(
                         "{w:?} is not a normalized absolute path (optionally prefixed by -, + or -+) \
                          without whitespace, quotes, backslashes or %"
-                    ));
+                    )));
                 }
             }
             Ok(words.join(" "))
@@ -796,12 +821,12 @@ pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
 mod tests {
     use super::*;
 
-    fn one(key: &str, value: &str) -> Result<String, String> {
+    fn one(key: &str, value: &str) -> Result<String, Invalid> {
         let table: Table = format!("{key} = {value}").parse().unwrap();
         let mut errors = Vec::new();
         let out = validate(&table, Path::new("/w.toml"), &mut errors);
         match errors.pop() {
-            Some(e) => Err(e.to_string()),
+            Some(e) => Err(Invalid(e.to_string())),
             None => Ok(format!("{}={}", out[0].key, out[0].value)),
         }
     }
@@ -834,7 +859,7 @@ mod tests {
             ("TimeoutStopSec", "10", "stop_delay_s"),
             ("Frobnicate", "1", "not a setting berth passes through"),
         ] {
-            let err = one(key, value).unwrap_err();
+            let err = one(key, value).unwrap_err().0;
             assert!(err.contains(reason), "{key}: {err}");
         }
     }

@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::ConfigError;
-use super::workload::is_valid_workload_name;
+use crate::names::is_valid_workload_name;
 use crate::paths::{HOST_FILE, HOST_FRAGMENT_DIR, Root, WORKLOAD_DIR};
 
 #[derive(Debug, Default)]

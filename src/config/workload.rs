@@ -9,22 +9,10 @@ use super::host::{HostSettings, MAX_DELAY_S};
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file};
 use super::{ConfigError, Manager};
+use crate::names::{PACKAGED_UNITS, instance_of, unit_name};
 
-/// Longest workload name. With `berth@` and `.service` around it the unit
-/// name stays far below systemd's 255, and it fits a file name anywhere.
-pub const MAX_NAME_LEN: usize = 64;
-
-/// Workload names are unit instance names, file stems and freeze-flag file
-/// names at once, so they use a charset that needs no escaping anywhere:
-/// `[A-Za-z0-9][A-Za-z0-9_.-]{0,63}`.
-pub fn is_valid_workload_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && name.len() <= MAX_NAME_LEN
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StopAction {
     /// Ask the workload to stop (its `stop_exec`, else the unit's
     /// KillSignal) and wait up to its stop delay.
@@ -83,10 +71,6 @@ impl Workload {
     }
 }
 
-pub fn unit_name(workload: &str) -> String {
-    format!("berth@{workload}.service")
-}
-
 const WORKLOAD_KEYS: &[&str] = &[
     "exec",
     "description",
@@ -103,18 +87,6 @@ const WORKLOAD_KEYS: &[&str] = &[
     "user",
     "group",
     "service",
-];
-
-/// Units berth ships; a workload may not order itself against them (the
-/// autostart waits for workload starts, the drain stops workloads: either
-/// way round is a deadlock).
-pub const PACKAGED_UNITS: &[&str] = &[
-    "berth.target",
-    "berth.slice",
-    "berth-drain.service",
-    "berth-autostart.service",
-    "berth-daemon.service",
-    "berth@.service",
 ];
 
 pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
@@ -458,9 +430,7 @@ pub(super) fn check_unit_list(
                 ),
             ));
         }
-        let instance = unit
-            .strip_prefix("berth@")
-            .and_then(|u| u.strip_suffix(".service"));
+        let instance = instance_of(unit);
         match (instance, workload) {
             (Some(_), None) => {
                 return Err(ConfigError::key(
@@ -500,27 +470,6 @@ mod tests {
         });
         std::fs::remove_dir_all(&dir).unwrap();
         out
-    }
-
-    #[test]
-    fn names() {
-        for ok in ["a", "web-1", "db_2.main", "A9", &"x".repeat(64)] {
-            assert!(is_valid_workload_name(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "-a",
-            ".a",
-            "_a",
-            "a b",
-            "a/b",
-            "a@b",
-            "ä",
-            "a\\x2d",
-            &"x".repeat(65),
-        ] {
-            assert!(!is_valid_workload_name(bad), "{bad}");
-        }
     }
 
     #[test]

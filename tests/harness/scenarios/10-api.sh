@@ -40,6 +40,10 @@ check_contains "/v1/workloads lists the workloads" '"name":"b"' "$(api http://be
 check_contains "/v1/workloads/a has the record" '"transition_generation"' "$(api http://berth/v1/workloads/a)"
 check_eq "POST is refused with 405" 405 "$(api -o /dev/null -w '%{http_code}' -X POST http://berth/v1/workloads)"
 check_eq "an unknown workload is 404" 404 "$(api -o /dev/null -w '%{http_code}' http://berth/v1/workloads/nope)"
+check_eq "a query string is ignored" 200 "$(api -o /dev/null -w '%{http_code}' 'http://berth/v1/workloads?x=1')"
+check_eq "HEAD is answered, without a body" "200 0" "$(api -o /dev/null -w '%{http_code} %{size_download}' -I http://berth/v1/workloads)"
+check_contains "two requests share one connection" "Re-using existing connection" \
+    "$(api -v -o /dev/null -o /dev/null http://berth/healthz http://berth/v1/workloads 2>&1)"
 
 # A slow reader that never reads, and a fast one.
 python3 - "$sock" <<'PY' &

@@ -1,30 +1,64 @@
 //! Per-workload records in `/var/lib/berth/records/NAME.json`: what the
-//! helpers (and later the supervisor) did to each workload and when.
+//! helpers and the supervisor did to each workload and when.
 //!
-//! Writes are atomic (temporary file, fsync, rename, fsync of the
-//! directory) and happen under the workload's lock, `/run/berthd/locks/NAME`
-//! (flock), which the CLI, the helpers and the supervisor share.
+//! Writes are atomic ([`atomic::write_json`]) and happen under the
+//! workload's lock ([`lock::workload`]), which the CLI, the helpers and the
+//! supervisor share.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::io;
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::freeze::rfc3339;
+use super::{atomic, lock};
+use crate::macros::string_enum;
 use crate::paths::Root;
+use crate::time::rfc3339;
+
+string_enum! {
+    /// What berth last knew of a workload.
+    #[derive(Default)]
+    pub enum RecordState {
+        Running = "running",
+        Stopped = "stopped",
+        Failed = "failed",
+        /// Never seen (a record just created).
+        #[default]
+        Unknown = "unknown",
+    }
+}
+
+string_enum! {
+    /// What made the last transition.
+    #[derive(Default)]
+    pub enum TransitionReason {
+        /// No transition recorded yet.
+        #[default]
+        None = "",
+        /// Started by the boot autostart.
+        Boot = "boot",
+        /// Stopped by the drain.
+        Drain = "drain",
+        /// Found running by the autostart with no running record.
+        Adopted = "adopted",
+        /// Started (or restarted) by someone else: the supervisor saw it.
+        StartUser = "start-user",
+        /// Stopped by someone else's stop or restart job.
+        StopUser = "stop-user",
+        /// Went down with no stop job.
+        UnexpectedExit = "unexpected-exit",
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     pub name: String,
-    /// running, stopped, failed or unknown.
-    pub state: String,
+    pub state: RecordState,
     /// +1 per committed transition, never reused.
     pub transition_generation: u64,
-    /// boot, drain, … (what made the last transition).
-    pub last_transition_reason: String,
+    pub last_transition_reason: TransitionReason,
     pub last_transition_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at: Option<String>,
@@ -55,6 +89,15 @@ pub struct Record {
     pub invocation_id: Option<String>,
 }
 
+impl Record {
+    fn new(name: &str) -> Record {
+        Record {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The exit as systemd recorded it for the service.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitCause {
@@ -66,45 +109,12 @@ pub struct ExitCause {
     pub status: i32,
 }
 
-const LOCK_ATTEMPTS: u32 = 50;
-const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
-
 pub fn records_dir(root: &Root) -> PathBuf {
     root.state_dir().join("records")
 }
 
 pub fn record_path(root: &Root, name: &str) -> PathBuf {
     records_dir(root).join(format!("{name}.json"))
-}
-
-/// The workload's lock, held while its record is read and rewritten.
-pub fn lock(root: &Root, name: &str) -> io::Result<File> {
-    lock_within(root, name, LOCK_ATTEMPTS)
-}
-
-fn lock_within(root: &Root, name: &str, attempts: u32) -> io::Result<File> {
-    let dir = root.runtime_dir().join("locks");
-    fs::create_dir_all(&dir)?;
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(name))?;
-    // Bounded: a holder that never lets go must not hang a drain.
-    for attempt in 0..attempts {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) if attempt + 1 < attempts => {
-                std::thread::sleep(LOCK_RETRY)
-            }
-            Err(std::fs::TryLockError::WouldBlock) => break,
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::WouldBlock,
-        format!("{name}: its lock is held by another process"),
-    ))
 }
 
 pub fn load(root: &Root, name: &str) -> io::Result<Option<Record>> {
@@ -121,8 +131,8 @@ pub fn load(root: &Root, name: &str) -> io::Result<Option<Record>> {
 /// back atomically. `change` returns whether this is a transition (the
 /// generation and transition time then advance). A record that cannot be
 /// parsed is moved aside as `NAME.json.corrupt` and started afresh.
-pub fn update(root: &Root, name: &str, change: impl FnOnce(&mut Record) -> bool) -> io::Result<Record> {
-    let lock = lock(root, name)?;
+pub fn update(root: &Root, name: &str, change: impl FnOnce(&mut Record) -> bool) -> io::Result<Updated> {
+    let lock = lock::workload(root, name)?;
     update_locked(root, name, &lock, change)
 }
 
@@ -132,8 +142,8 @@ pub fn try_update(
     root: &Root,
     name: &str,
     change: impl FnOnce(&mut Record) -> bool,
-) -> io::Result<Option<Record>> {
-    match lock_within(root, name, 1) {
+) -> io::Result<Option<Updated>> {
+    match lock::try_workload(root, name) {
         Ok(lock) => update_locked(root, name, &lock, change).map(Some),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
         Err(e) => Err(e),
@@ -145,30 +155,24 @@ pub fn try_update(
 pub fn update_locked(
     root: &Root,
     name: &str,
-    _lock: &File,
+    _lock: &fs::File,
     change: impl FnOnce(&mut Record) -> bool,
-) -> io::Result<Record> {
+) -> io::Result<Updated> {
+    let path = record_path(root, name);
+    let mut quarantined = None;
     let mut record = match load(root, name) {
         Ok(Some(r)) => r,
-        Ok(None) => Record {
-            name: name.into(),
-            state: "unknown".into(),
-            ..Default::default()
-        },
+        Ok(None) => Record::new(name),
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            let path = record_path(root, name);
+            // Kept for inspection; rebuilt from systemd's live state.
             let aside = path.with_extension("json.corrupt");
             let _ = fs::rename(&path, &aside);
-            eprintln!(
-                "berth: {}: corrupt record ({e}); kept as {} and rebuilt from systemd's live state",
+            quarantined = Some(format!(
+                "{}: corrupt record ({e}); kept as {} and rebuilt from systemd's live state",
                 path.display(),
                 aside.display()
-            );
-            Record {
-                name: name.into(),
-                state: "unknown".into(),
-                ..Default::default()
-            }
+            ));
+            Record::new(name)
         }
         Err(e) => return Err(e),
     };
@@ -179,52 +183,19 @@ pub fn update_locked(
     }
     // Unchanged records are not rewritten: a supervisor pass over idle
     // workloads writes nothing.
-    if record != before || !record_path(root, name).exists() {
-        write_atomic(&record_path(root, name), &serde_json::to_vec_pretty(&record)?)?;
+    if record != before || !path.exists() {
+        atomic::write_json(&path, &serde_json::to_vec_pretty(&record)?)?;
     }
-    Ok(record)
+    Ok(Updated { record, quarantined })
 }
 
-/// Writes a JSON document (`bytes` and a newline) to `path` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut line = Vec::with_capacity(bytes.len() + 1);
-    line.extend_from_slice(bytes);
-    line.push(b'\n');
-    replace(path, &Replacement::File(&line, 0o644))
-}
-
-/// What [`replace`] puts at a path.
-pub enum Replacement<'a> {
-    /// Contents and permission bits.
-    File(&'a [u8], u32),
-    /// A symbolic link to this target.
-    Symlink(&'a str),
-}
-
-/// Replaces `path` so that readers see the old or the new file, never a
-/// torn one, also across a power failure: a temporary file in the same
-/// directory, fsync, rename, fsync of the directory.
-pub fn replace(path: &Path, with: &Replacement) -> io::Result<()> {
-    let dir = path.parent().expect("path has a directory");
-    fs::create_dir_all(dir)?;
-    // Per process, so that two writers never share a temporary file.
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
-        std::process::id()
-    ));
-    let _ = fs::remove_file(&tmp);
-    match with {
-        Replacement::File(bytes, mode) => {
-            let mut f = File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.set_permissions(fs::Permissions::from_mode(*mode))?;
-            f.sync_all()?;
-        }
-        Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
-    }
-    fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
+/// A record as written, and what happened to a corrupt one it replaced.
+#[derive(Debug)]
+pub struct Updated {
+    pub record: Record,
+    /// Set when the old file could not be parsed and was moved aside: the
+    /// message to log.
+    pub quarantined: Option<String>,
 }
 
 #[cfg(test)]
@@ -236,22 +207,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         let r = update(&root, "web", |r| {
-            r.state = "running".into();
-            r.last_transition_reason = "boot".into();
+            r.state = RecordState::Running;
+            r.last_transition_reason = TransitionReason::Boot;
             true
         })
-        .unwrap();
+        .unwrap()
+        .record;
         assert_eq!(r.transition_generation, 1);
         let r = update(&root, "web", |r| {
             r.adopted_at = Some("now".into());
             false
         })
-        .unwrap();
+        .unwrap()
+        .record;
         assert_eq!(r.transition_generation, 1);
-        assert_eq!(
-            load(&root, "web").unwrap().unwrap().adopted_at.as_deref(),
-            Some("now")
-        );
+        let stored = load(&root, "web").unwrap().unwrap();
+        assert_eq!(stored.adopted_at.as_deref(), Some("now"));
+        let json = fs::read_to_string(record_path(&root, "web")).unwrap();
+        assert!(json.contains(r#""state": "running""#), "{json}");
+        assert!(json.contains(r#""last_transition_reason": "boot""#), "{json}");
     }
 
     #[test]
@@ -260,8 +234,16 @@ mod tests {
         let root = Root::new(dir.path());
         fs::create_dir_all(records_dir(&root)).unwrap();
         fs::write(record_path(&root, "db"), "{not json").unwrap();
-        let r = update(&root, "db", |_| true).unwrap();
-        assert_eq!(r.transition_generation, 1);
+        let u = update(&root, "db", |_| true).unwrap();
+        assert_eq!(u.record.transition_generation, 1);
+        assert!(u.quarantined.unwrap().contains("corrupt record"));
         assert!(record_path(&root, "db").with_extension("json.corrupt").exists());
+    }
+
+    #[test]
+    fn a_fresh_record_reads_as_before() {
+        let json = serde_json::to_value(Record::new("x")).unwrap();
+        assert_eq!(json["state"], "unknown");
+        assert_eq!(json["last_transition_reason"], "");
     }
 }

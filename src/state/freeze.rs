@@ -11,11 +11,12 @@
 use std::fs;
 use std::io;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use crate::paths::Root;
+use crate::time::rfc3339;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -187,7 +188,7 @@ pub fn freeze(root: &Root, name: Option<&str>, reason: &str) -> std::io::Result<
         }
     }
     let bytes = serde_json::to_vec_pretty(&flag).map_err(std::io::Error::from)?;
-    crate::records::write_atomic(&path, &bytes)?;
+    super::atomic::write_json(&path, &bytes)?;
     Ok(flag)
 }
 
@@ -210,32 +211,9 @@ pub fn thaw(root: &Root, name: Option<&str>) -> std::io::Result<bool> {
     }
 }
 
-/// `SystemTime` as RFC 3339 UTC with whole seconds.
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn command_line_freeze_matches_the_unit_condition() {
@@ -266,21 +244,8 @@ mod tests {
     }
 
     #[test]
-    fn rfc3339_known_instants() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_971_581)),
-            "2026-11-29T16:59:41Z"
-        );
-    }
-
-    #[test]
     fn json_round_trip_carries_the_scope() {
-        let f = Freeze::instance("web", "maintenance", UNIX_EPOCH);
+        let f = Freeze::instance("web", "maintenance", std::time::UNIX_EPOCH);
         let text = serde_json::to_string(&f).unwrap();
         assert_eq!(
             text,

@@ -4,10 +4,12 @@
 //! stderr where there is no journal, and also echoes to a terminal when a
 //! person runs the command.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use log::kv::{Key, Value};
 use systemd_journal_logger::JournalLog;
+
+use crate::state::records::{Record, Updated};
 
 pub struct Events {
     journal: Option<JournalLog>,
@@ -48,11 +50,13 @@ impl Events {
         }
         if self.echo || !sent {
             let extra: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            if extra.is_empty() {
-                eprintln!("{message}");
+            // A closed stderr must not stop a drain: errors are ignored.
+            let mut stderr = std::io::stderr().lock();
+            let _ = if extra.is_empty() {
+                writeln!(stderr, "{message}")
             } else {
-                eprintln!("{message} [{}]", extra.join(" "));
-            }
+                writeln!(stderr, "{message} [{}]", extra.join(" "))
+            };
         }
     }
 
@@ -62,5 +66,22 @@ impl Events {
 
     pub fn warn(&self, message: &str) {
         self.emit(log::Level::Warn, "", &[], message)
+    }
+
+    /// Logs what a record update had to say (a corrupt record moved aside,
+    /// a record that could not be written) and hands the record on.
+    pub fn recorded(&self, name: &str, result: std::io::Result<Updated>) -> Option<Record> {
+        match result {
+            Ok(updated) => {
+                if let Some(message) = &updated.quarantined {
+                    self.warn(message);
+                }
+                Some(updated.record)
+            }
+            Err(e) => {
+                self.warn(&format!("cannot record {name}: {e}"));
+                None
+            }
+        }
     }
 }

@@ -6,10 +6,13 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::time::Instant;
-use zbus::OwnedObjectPath;
 
-use crate::systemd::{Job, JobResult, Ops, SystemdError, UnitStatus};
+use super::{
+    ActiveState, Change, Job, JobResult, JobType, LoadState, Ops, SystemdError, UnitDetails, UnitFileState,
+    UnitStatus, UnitTopology,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Behaviour {
@@ -23,7 +26,7 @@ struct FakeJob {
     unit: String,
     queued: Instant,
     done_at: Option<Instant>,
-    result: Option<&'static str>,
+    result: Option<JobResult>,
 }
 
 #[derive(Default)]
@@ -35,13 +38,15 @@ pub struct FakeOps {
     pub killed: RefCell<Vec<String>>,
     pub cancelled: RefCell<Vec<String>>,
     verbs: RefCell<HashMap<u32, &'static str>>,
+    /// Where [`Ops::watch`]'s changes come from, once watched.
+    pub changes: RefCell<Option<tokio::sync::mpsc::UnboundedSender<Change>>>,
 }
 
 impl FakeOps {
     pub fn unit(self, name: &str, running: bool, behaviour: Behaviour) -> Self {
         self.units
             .borrow_mut()
-            .insert(format!("berth@{name}.service"), (running, behaviour));
+            .insert(crate::names::unit_name(name), (running, behaviour));
         self
     }
 
@@ -75,18 +80,17 @@ impl FakeOps {
         }
     }
 
-    fn finish(&self, id: u32, result: &'static str) {
+    fn finish(&self, id: u32, result: JobResult) {
         let mut jobs = self.jobs.borrow_mut();
         let job = &mut jobs[id as usize - 1];
         if job.result.is_none() {
+            let done = result == JobResult::Done;
             job.result = Some(result);
             let verb = self.verbs.borrow()[&id];
             self.spans
                 .borrow_mut()
                 .push((job.unit.clone(), verb, job.queued, Instant::now()));
-            if result == "done"
-                && let Some(u) = self.units.borrow_mut().get_mut(&job.unit)
-            {
+            if done && let Some(u) = self.units.borrow_mut().get_mut(&job.unit) {
                 u.0 = verb == "start";
             }
         }
@@ -127,10 +131,10 @@ impl Ops for FakeOps {
             .iter()
             .map(|(name, (running, _))| UnitStatus {
                 name: name.clone(),
-                load_state: "loaded".into(),
-                active_state: if *running { "active" } else { "inactive" }.into(),
+                load_state: LoadState::Loaded,
+                active_state: state(*running),
                 sub_state: String::new(),
-                path: OwnedObjectPath::try_from("/").unwrap(),
+                path: format!("/fake/{name}"),
             })
             .collect())
     }
@@ -156,7 +160,7 @@ impl Ops for FakeOps {
 
     async fn cancel(&self, unit: &str, job: &Job) -> Result<(), SystemdError> {
         self.cancelled.borrow_mut().push(unit.into());
-        self.finish(job.id, "canceled");
+        self.finish(job.id, JobResult::Canceled);
         Ok(())
     }
 
@@ -166,15 +170,15 @@ impl Ops for FakeOps {
             let (done_at, result) = {
                 let jobs = self.jobs.borrow();
                 let j = &jobs[job.id as usize - 1];
-                (j.done_at, j.result)
+                (j.done_at, j.result.clone())
             };
             if let Some(r) = result {
-                return Some(r.into());
+                return Some(r);
             }
             let now = Instant::now();
             if done_at.is_some_and(|d| d <= now) {
-                self.finish(job.id, "done");
-                return Some("done".into());
+                self.finish(job.id, JobResult::Done);
+                return Some(JobResult::Done);
             }
             if until.is_some_and(|u| u <= now) {
                 return None;
@@ -183,8 +187,59 @@ impl Ops for FakeOps {
         }
     }
 
-    async fn active_state(&self, unit: &str) -> Result<String, SystemdError> {
-        let running = self.units.borrow().get(unit).is_some_and(|u| u.0);
-        Ok(if running { "active" } else { "inactive" }.into())
+    async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError> {
+        Ok(state(self.units.borrow().get(unit).is_some_and(|u| u.0)))
+    }
+
+    async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
+        Ok(UnitDetails {
+            load_state: LoadState::Loaded,
+            active_state: self.active_state(unit).await?,
+            ..Default::default()
+        })
+    }
+
+    async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {
+        Ok(UnitTopology {
+            load_state: LoadState::Loaded,
+            active_state: self.active_state(unit).await?,
+            ..Default::default()
+        })
+    }
+
+    async fn job_type(&self, job: &str) -> Option<JobType> {
+        let id: u32 = job.strip_prefix("/job/")?.parse().ok()?;
+        self.verbs.borrow().get(&id).map(|v| JobType::from(*v))
+    }
+
+    async fn unit_file_state(&self, _unit: &str) -> Result<UnitFileState, SystemdError> {
+        Ok(UnitFileState::Enabled)
+    }
+
+    async fn reload(&self) -> Result<(), SystemdError> {
+        Ok(())
+    }
+
+    async fn enable_unit_file(&self, _unit: &str) -> Result<(), SystemdError> {
+        Ok(())
+    }
+
+    async fn disable_unit_file(&self, _unit: &str) -> Result<(), SystemdError> {
+        Ok(())
+    }
+
+    /// Changes the test sends itself, through [`FakeOps::changes`].
+    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
+        let (tx, rx) = unbounded_channel();
+        *self.changes.borrow_mut() = Some(tx);
+        Ok(rx)
+    }
+}
+
+fn state(running: bool) -> ActiveState {
+    if running {
+        ActiveState::Active
+    } else {
+        ActiveState::Inactive
     }
 }

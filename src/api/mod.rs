@@ -1,0 +1,277 @@
+//! The supervisor's read-only API: HTTP/1.1 and JSON on a Unix socket,
+//! never TCP. What it says lives here; how it is served (hyper, the socket,
+//! limits) lives in [`server`]; which request gets which answer is the pure
+//! [`routes::route`].
+//!
+//! - `GET /healthz`: 200 while the loop runs and its last pass is recent;
+//!   503 when systemd could not be scanned at all or the loop stalled.
+//! - `GET /v1/workloads`, `GET /v1/workloads/NAME`: record and live state.
+//! - `GET /v1/events`: Server-Sent Events; a `sync` snapshot, then
+//!   `MODIFIED` / `ADDED` / `DELETED`. The subscription is taken before the
+//!   snapshot; nothing is replayed; a reader that falls behind loses events
+//!   (told by a fresh `sync`) and never slows the others or the loop.
+//!
+//! GET and HEAD only; query strings are ignored. The server runs on its own
+//! thread and runtime, so a stalled supervisor loop cannot stall it, and
+//! `/healthz` can say so.
+
+mod routes;
+mod server;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::daemon::health::{Health, HealthStatus};
+use crate::state::records::Record;
+use crate::systemd::ActiveState;
+
+pub use server::{start, stop};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkloadView {
+    pub name: String,
+    pub unit: String,
+    pub active_state: ActiveState,
+    pub main_pid: u32,
+    pub invocation_id: String,
+    pub record: Option<Record>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum EventKind {
+    #[serde(rename = "ADDED")]
+    Added,
+    #[serde(rename = "MODIFIED")]
+    Modified,
+    #[serde(rename = "DELETED")]
+    Deleted,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Added => "ADDED",
+            EventKind::Modified => "MODIFIED",
+            EventKind::Deleted => "DELETED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub workload: WorkloadView,
+}
+
+/// `/healthz`'s verdict: the supervisor's aggregate, unless the loop
+/// stalled or systemd could not be listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Healthy,
+    Degraded,
+    Unhealthy,
+}
+
+/// The body of `/healthz`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthReport {
+    pub status: Verdict,
+    pub loop_fresh: bool,
+    pub systemd_scanned: bool,
+    pub last_pass_age_ms: Option<u64>,
+    pub degraded: usize,
+    pub failed_workloads: Vec<String>,
+    pub unconverged_workloads: Vec<String>,
+}
+
+/// What the supervisor shares with the API.
+pub struct Shared {
+    workloads: Mutex<BTreeMap<String, WorkloadView>>,
+    heartbeat: Mutex<Option<SystemTime>>,
+    systemd_ok: Mutex<bool>,
+    events: broadcast::Sender<Event>,
+    /// The supervisor's health aggregate.
+    health: Mutex<Health>,
+    /// A pass older than this is a stalled loop.
+    stale_after: Duration,
+}
+
+const EVENT_BUFFER: usize = 256;
+
+/// A panic elsewhere must not take the API down with it: the data behind
+/// a poisoned lock is still a consistent snapshot (every writer replaces
+/// whole values).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    pub fn new(stale_after: Duration) -> Arc<Shared> {
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        Arc::new(Shared {
+            workloads: Mutex::new(BTreeMap::new()),
+            heartbeat: Mutex::new(None),
+            systemd_ok: Mutex::new(false),
+            events,
+            health: Mutex::new(Health::default()),
+            stale_after,
+        })
+    }
+
+    /// Every workload's view, in name order.
+    pub fn snapshot(&self) -> Vec<WorkloadView> {
+        lock(&self.workloads).values().cloned().collect()
+    }
+
+    /// One workload's view, if published.
+    pub fn view(&self, name: &str) -> Option<WorkloadView> {
+        lock(&self.workloads).get(name).cloned()
+    }
+
+    /// Stores a workload's view; publishes it when it changed.
+    pub fn publish(&self, view: WorkloadView) {
+        let mut all = lock(&self.workloads);
+        let kind = match all.get(&view.name) {
+            Some(old) if *old == view => return,
+            Some(_) => EventKind::Modified,
+            None => EventKind::Added,
+        };
+        all.insert(view.name.clone(), view.clone());
+        drop(all);
+        let _ = self.events.send(Event { kind, workload: view });
+    }
+
+    pub fn remove(&self, name: &str) {
+        let removed = lock(&self.workloads).remove(name);
+        if let Some(view) = removed {
+            let _ = self.events.send(Event {
+                kind: EventKind::Deleted,
+                workload: view,
+            });
+        }
+    }
+
+    /// Keeps the workloads `keep` says yes to; the others are DELETED.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = lock(&self.workloads)
+            .keys()
+            .filter(|n| !keep(n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove(&name);
+        }
+    }
+
+    /// Whether the last pass could list the units at all.
+    pub fn set_systemd_ok(&self, ok: bool) {
+        *lock(&self.systemd_ok) = ok;
+    }
+
+    /// A pass completed: its time and the health it found.
+    pub fn passed(&self, heartbeat: SystemTime, health: Health) {
+        *lock(&self.systemd_ok) = true;
+        *lock(&self.heartbeat) = Some(heartbeat);
+        *lock(&self.health) = health;
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// The same aggregate as the journal event and the status file; only
+    /// a stalled loop or an unlistable systemd makes it unhealthy.
+    pub fn health_report(&self, now: SystemTime) -> HealthReport {
+        let heartbeat = *lock(&self.heartbeat);
+        let systemd_scanned = *lock(&self.systemd_ok);
+        let age = heartbeat.and_then(|h| now.duration_since(h).ok());
+        let loop_fresh = age.is_some_and(|a| a <= self.stale_after);
+        let Health {
+            status,
+            failed,
+            unconverged,
+        } = lock(&self.health).clone();
+        let verdict = match (loop_fresh && systemd_scanned, status) {
+            (false, _) => Verdict::Unhealthy,
+            (true, HealthStatus::Healthy) => Verdict::Healthy,
+            (true, _) => Verdict::Degraded,
+        };
+        HealthReport {
+            status: verdict,
+            loop_fresh,
+            systemd_scanned,
+            last_pass_age_ms: age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX)),
+            degraded: failed.len() + unconverged.len(),
+            failed_workloads: failed,
+            unconverged_workloads: unconverged,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn view(name: &str) -> WorkloadView {
+    WorkloadView {
+        name: name.into(),
+        unit: crate::names::unit_name(name),
+        active_state: ActiveState::Active,
+        main_pid: 42,
+        invocation_id: "abc".into(),
+        record: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_is_unhealthy_until_a_fresh_pass_then_follows_the_aggregate() {
+        let shared = Shared::new(Duration::from_secs(10));
+        let now = SystemTime::now();
+        assert_eq!(shared.health_report(now).status, Verdict::Unhealthy);
+        shared.passed(now, Health::default());
+        assert_eq!(shared.health_report(now).status, Verdict::Healthy);
+        shared.passed(now, Health::new(vec!["web".into()], vec![]));
+        let r = shared.health_report(now);
+        assert_eq!((r.status, r.degraded), (Verdict::Degraded, 1));
+        // A stalled loop, or a pass that could not list the units.
+        assert_eq!(
+            shared.health_report(now + Duration::from_secs(11)).status,
+            Verdict::Unhealthy
+        );
+        shared.set_systemd_ok(false);
+        assert_eq!(shared.health_report(now).status, Verdict::Unhealthy);
+    }
+
+    #[test]
+    fn publish_sends_only_changes_and_retain_deletes() {
+        let shared = Shared::new(Duration::from_secs(10));
+        let mut rx = shared.subscribe();
+        shared.publish(view("a"));
+        shared.publish(view("a"));
+        let mut changed = view("a");
+        changed.main_pid = 7;
+        shared.publish(changed);
+        shared.publish(view("b"));
+        shared.retain(|n| n == "b");
+        let kinds: Vec<(EventKind, String)> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| (e.kind, e.workload.name))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EventKind::Added, "a".into()),
+                (EventKind::Modified, "a".into()),
+                (EventKind::Added, "b".into()),
+                (EventKind::Deleted, "a".into()),
+            ]
+        );
+        assert_eq!(shared.snapshot().len(), 1);
+    }
+}

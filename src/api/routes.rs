@@ -1,0 +1,148 @@
+//! Which request gets which answer: a pure function of the method, the
+//! path and the shared state, so every route is tested without a socket.
+
+use std::time::SystemTime;
+
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::{Shared, Verdict};
+
+/// What to answer.
+#[derive(Debug, PartialEq)]
+pub(super) enum Reply {
+    Json(StatusCode, Value),
+    /// The Server-Sent Events stream.
+    Events,
+}
+
+/// Routes a request. Query strings never reach here (the server passes
+/// the path only); HEAD is answered as GET, and the server drops the body.
+pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTime) -> Reply {
+    if method != Method::GET && method != Method::HEAD {
+        return Reply::Json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({"error": "read-only API: only GET"}),
+        );
+    }
+    match path {
+        "/healthz" => {
+            let report = shared.health_report(now);
+            let code = match report.status {
+                Verdict::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
+                Verdict::Healthy | Verdict::Degraded => StatusCode::OK,
+            };
+            Reply::Json(code, to_json(&report))
+        }
+        "/v1/workloads" => Reply::Json(StatusCode::OK, to_json(&shared.snapshot())),
+        "/v1/events" => Reply::Events,
+        _ => match path
+            .strip_prefix("/v1/workloads/")
+            .map(|name| (name, shared.view(name)))
+        {
+            Some((_, Some(view))) => Reply::Json(StatusCode::OK, to_json(&view)),
+            Some((name, None)) => Reply::Json(
+                StatusCode::NOT_FOUND,
+                json!({"error": format!("no workload {name:?}")}),
+            ),
+            None => Reply::Json(StatusCode::NOT_FOUND, json!({"error": "not found"})),
+        },
+    }
+}
+
+/// Every type served here serializes (plain data, string keys); a
+/// failure would still be an answer, not a panic.
+fn to_json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or_else(|e| json!({"error": e.to_string()}))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::api::view;
+    use crate::daemon::health::Health;
+
+    #[test]
+    fn routes() {
+        let shared = Shared::new(Duration::from_secs(10));
+        let now = SystemTime::now();
+        shared.publish(view("a"));
+        let get = Method::GET;
+        let cases: &[(&Method, &str, StatusCode, &str)] = &[
+            // (method, path, status, a fragment of the JSON body)
+            (
+                &get,
+                "/healthz",
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#""status":"unhealthy""#,
+            ),
+            (
+                &get,
+                "/v1/workloads",
+                StatusCode::OK,
+                r#"[{"active_state":"active""#,
+            ),
+            (&Method::HEAD, "/v1/workloads", StatusCode::OK, r#""name":"a""#),
+            (
+                &get,
+                "/v1/workloads/a",
+                StatusCode::OK,
+                r#""invocation_id":"abc""#,
+            ),
+            (
+                &get,
+                "/v1/workloads/b",
+                StatusCode::NOT_FOUND,
+                r#"no workload \"b\""#,
+            ),
+            (
+                &get,
+                "/v1/workloads/",
+                StatusCode::NOT_FOUND,
+                r#"no workload \"\""#,
+            ),
+            (&get, "/", StatusCode::NOT_FOUND, r#"{"error":"not found"}"#),
+            (&get, "/v1/workloadsx", StatusCode::NOT_FOUND, "not found"),
+            (
+                &Method::POST,
+                "/v1/workloads",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "only GET",
+            ),
+            (
+                &Method::DELETE,
+                "/v1/workloads/a",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "only GET",
+            ),
+            (
+                &Method::POST,
+                "/v1/events",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "only GET",
+            ),
+        ];
+        for (method, path, status, fragment) in cases {
+            match route(method, path, &shared, now) {
+                Reply::Json(code, body) => {
+                    let body = body.to_string();
+                    assert_eq!(code, *status, "{method} {path}: {body}");
+                    assert!(
+                        body.contains(fragment),
+                        "{method} {path}: {body} lacks {fragment}"
+                    );
+                }
+                Reply::Events => panic!("{method} {path}: unexpected event stream"),
+            }
+        }
+        assert_eq!(route(&get, "/v1/events", &shared, now), Reply::Events);
+        assert_eq!(route(&Method::HEAD, "/v1/events", &shared, now), Reply::Events);
+        shared.passed(now, Health::default());
+        assert_eq!(
+            route(&get, "/healthz", &shared, now),
+            Reply::Json(StatusCode::OK, to_json(&shared.health_report(now)))
+        );
+    }
+}

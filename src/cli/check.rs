@@ -1,0 +1,185 @@
+//! `berth check [--root DIR] [--live]`: the configuration, and with
+//! `--live` the loaded units, against berth's rules.
+
+use std::path::PathBuf;
+
+use super::{say, say_error, with_systemd};
+use crate::config::{self, Loaded, WorkloadKind};
+use crate::live;
+use crate::paths::Root;
+use crate::plan;
+use crate::state::freeze::{self, Freeze, Scope};
+
+pub(super) fn run(root: &Root, dir: Option<PathBuf>, live: bool) -> i32 {
+    match dir {
+        Some(dir) => match root.user_dirs() {
+            Some(user) => check(&Root::new_user(dir, user.clone())),
+            None => check(&Root::new(dir)),
+        },
+        None => {
+            let rc = check(root);
+            if live { check_live(root).max(rc) } else { rc }
+        }
+    }
+}
+
+fn check(root: &Root) -> i32 {
+    if !root.dir().is_dir() {
+        say_error(&format!(
+            "berth check: {}: no such directory",
+            root.dir().display()
+        ));
+        return 1;
+    }
+    let loaded = config::load(root);
+    say(&check_report(&loaded));
+    say(&freeze_report(root, &loaded));
+    if loaded.is_clean() { 0 } else { 1 }
+}
+
+/// `berth check --live`: the loaded units against the invariants.
+fn check_live(root: &Root) -> i32 {
+    let loaded = config::load(root);
+    let configured: Vec<String> = loaded.workloads.iter().map(|w| w.unit_name()).collect();
+    let gathered = with_systemd(root, |sd| async move {
+        live::gather(&sd, &configured)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot inspect the loaded units: {e}"))
+    });
+    let (workloads, units) = match gathered {
+        Ok(found) => found,
+        Err(e) => return super::fail("check --live", &e),
+    };
+    let expected = live::Expected {
+        drain_timeout_stop_s: plan::drain_timeout_stop_s(loaded.host.drain_deadline_s),
+    };
+    let problems = live::problems(&workloads, &units, expected);
+    let mut out = String::new();
+    for p in &problems {
+        out.push_str(&format!("live: problem: {p}\n"));
+    }
+    if problems.is_empty() {
+        out.push_str(&format!(
+            "live: the drain, berth.slice and {} workload unit(s) keep the lifecycle invariants\n",
+            workloads.len()
+        ));
+    } else {
+        out.push_str(&format!(
+            "live: {} problem(s); see berth.units(7)\n",
+            problems.len()
+        ));
+    }
+    say(&out);
+    if problems.is_empty() { 0 } else { 1 }
+}
+
+/// Freezes that would make the boot autostart skip the node or a workload.
+fn freeze_report(root: &Root, loaded: &Loaded) -> String {
+    let mut out = String::new();
+    let mut line = |what: &str, result: std::io::Result<Option<Freeze>>| match result {
+        Ok(None) => {}
+        Ok(Some(f)) => out.push_str(&format!(
+            "frozen: {what} since {} ({}): autostart skips it\n",
+            f.since(),
+            f.why()
+        )),
+        Err(e) => out.push_str(&format!("warning: cannot read the freeze flag of {what}: {e}\n")),
+    };
+    line("node", freeze::read(&freeze::node_flag(root), Scope::Node, None));
+    for w in &loaded.workloads {
+        let flag = freeze::instance_flag(root, &w.name);
+        line(
+            &w.unit_name(),
+            freeze::read(&flag, Scope::Instance, Some(&w.name)),
+        );
+    }
+    out
+}
+
+/// What `berth check` prints: problems per file, or the units in short.
+pub fn check_report(loaded: &Loaded) -> String {
+    let mut out = String::new();
+    if !loaded.is_clean() {
+        for e in &loaded.errors {
+            out.push_str(&format!("error: {e}\n"));
+        }
+        if loaded.host_has_errors {
+            out.push_str(&format!("note: {}\n", crate::generator::HOST_ERRORS_NOTE));
+        }
+        out.push_str(&format!(
+            "{} problem(s); the generator skips the files named above and writes the rest\n",
+            loaded.errors.len()
+        ));
+        return out;
+    }
+    let host = &loaded.host;
+    match loaded.host_files.as_slice() {
+        [] => out.push_str("host: no berth.toml, built-in defaults\n"),
+        files => {
+            for f in files {
+                out.push_str(&format!("host: {} ok\n", f.display()));
+            }
+        }
+    }
+    out.push_str(&format!(
+        "berth-drain.service: TimeoutStopSec={}s (deadline {}s + {}s), {} at a time, after {}\n",
+        plan::drain_timeout_stop_s(host.drain_deadline_s),
+        host.drain_deadline_s,
+        plan::DRAIN_EXIT_MARGIN_S,
+        host.drain_parallelism,
+        plan::drain_after(host, &loaded.workloads).join(" "),
+    ));
+    if host.daemon.enabled {
+        out.push_str(&format!(
+            "berth-daemon.service: wanted by berth.target, WatchdogSec={}\n",
+            host.daemon.watchdog_s
+        ));
+    } else {
+        out.push_str("berth-daemon.service: not wanted ([daemon] enabled = false)\n");
+    }
+    if loaded.workloads.is_empty() {
+        out.push_str("no workloads\n");
+    }
+    for group in plan::start_groups(&loaded.workloads) {
+        out.push_str(&format!("order {}:\n", group[0].order));
+        for w in group {
+            let WorkloadKind::Command { exec, .. } = &w.kind;
+            let stop = match w.stop_action {
+                config::StopAction::PowerOff => "power_off".to_string(),
+                config::StopAction::GuestShutdown => format!(
+                    "guest_shutdown within {}s{}",
+                    w.stop_delay_s,
+                    if w.force_off_on_timeout {
+                        ", then force off"
+                    } else {
+                        ", never forced"
+                    }
+                ),
+            };
+            out.push_str(&format!(
+                "  {} ({}){}{}: {} — stop: {}\n",
+                w.unit_name(),
+                w.source.display(),
+                if w.autostart { "" } else { " [no autostart]" },
+                if w.start_delay_s > 0 {
+                    format!(" [then wait {}s]", w.start_delay_s)
+                } else {
+                    String::new()
+                },
+                exec[0],
+                stop,
+            ));
+        }
+    }
+    for m in &loaded.masked {
+        out.push_str(&format!("masked: {m}\n"));
+    }
+    if !loaded.workloads.is_empty() {
+        out.push_str(&format!(
+            "worst-case drain: {}s without the deadline; the deadline is {}s\n",
+            plan::worst_case_drain_s(host, &loaded.workloads),
+            host.drain_deadline_s
+        ));
+    }
+    out
+}

@@ -1,0 +1,128 @@
+//! `berth drain` (ExecStop of berth-drain.service), `--dry-run` and
+//! `--last`: the drain itself always exits 0; what it did is in the journal
+//! and the report.
+
+use super::lifecycle::helper_context;
+use super::{block_on, say, say_error};
+use crate::config::{self, StopAction};
+use crate::drain::{self, DryRun};
+use crate::paths::Root;
+use crate::state::drain_report::{self, ReadError, Report};
+use crate::systemd::{Ops, Systemd};
+
+/// Best effort: whatever happens, it reports and exits 0, well inside the
+/// drain unit's TimeoutStopSec.
+pub(super) fn run(root: &Root) -> i32 {
+    let (loaded, events) = helper_context(root);
+    let ran = block_on(async {
+        match Systemd::connect(root.manager()).await {
+            Ok(sd) => {
+                drain::run(&sd, root, &loaded, &events).await;
+            }
+            Err(e) => drain::unreachable(root, &loaded, &e, &events),
+        }
+    });
+    if let Err(e) = ran {
+        say_error(&format!("berth drain: {e:#}"));
+    }
+    0
+}
+
+pub(super) fn last(root: &Root, json: bool) -> i32 {
+    match drain_report::read(root) {
+        Ok((text, _)) if json => say(&text),
+        Ok((_, report)) => say(&report_text(&report)),
+        Err(ReadError::Missing(_)) => say(&format!("{}\n", ReadError::Missing(drain_report::path(root)))),
+        // JSON asked for: what is there, as it is.
+        Err(ReadError::NotAReport(path, _)) if json => {
+            say(&std::fs::read_to_string(path).unwrap_or_default())
+        }
+        Err(e) => {
+            say_error(&format!("berth drain --last: {e}"));
+            return 1;
+        }
+    }
+    0
+}
+
+pub(super) fn dry_run(root: &Root, json: bool) -> i32 {
+    let loaded = config::load(root);
+    let live = block_on(async {
+        let sd = Systemd::connect(root.manager()).await.ok()?;
+        sd.list_workloads().await.ok()
+    })
+    .ok()
+    .flatten();
+    let plan = drain::dry_run(&loaded, live.as_deref());
+    if json {
+        say(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&plan).unwrap_or_default()
+        ));
+    } else {
+        say(&dry_run_text(&plan));
+    }
+    0
+}
+
+/// What `berth drain --last` prints.
+fn report_text(report: &Report) -> String {
+    let mut out = format!(
+        "last drain: {} to {} ({} ms, deadline {} s{}, {} at a time)\n",
+        report.started_at,
+        report.finished_at,
+        report.elapsed_ms,
+        report.deadline_s,
+        if report.deadline_reached { ", reached" } else { "" },
+        report.parallelism
+    );
+    for w in &report.workloads {
+        out.push_str(&format!(
+            "  berth@{}.service: {}{} after {} ms{}\n",
+            w.workload,
+            w.outcome.as_str(),
+            w.code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default(),
+            w.elapsed_ms,
+            w.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+        ));
+    }
+    out
+}
+
+fn dry_run_text(plan: &DryRun) -> String {
+    let mut out = format!(
+        "drain plan: {} at a time per group, deadline {} s (unit TimeoutStopSec={} s), worst case {} s\n",
+        plan.parallelism, plan.deadline_s, plan.drain_timeout_stop_s, plan.worst_case_s
+    );
+    for (i, g) in plan.groups.iter().enumerate() {
+        out.push_str(&format!("group {}:\n", i + 1));
+        for t in g {
+            out.push_str(&format!(
+                "  {} {}: {}{}\n",
+                t.unit,
+                if t.running { "running" } else { "not running" },
+                match t.stop_action {
+                    StopAction::PowerOff => "power_off (SIGKILL at once)".to_string(),
+                    StopAction::GuestShutdown => format!(
+                        "stop, wait up to {} s, then {}",
+                        t.stop_delay_s,
+                        if t.force_off_on_timeout {
+                            "force off"
+                        } else {
+                            "leave running"
+                        }
+                    ),
+                },
+                if t.configured {
+                    ""
+                } else {
+                    " [not configured: host defaults]"
+                }
+            ));
+        }
+    }
+    for w in &plan.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}

@@ -1,0 +1,151 @@
+//! `berth list` and `berth inspect NAME`: the same data with or without a
+//! daemon, from systemd (when reachable) and the records.
+
+use serde_json::{Value, json};
+
+use super::{block_on, say, say_error};
+use crate::config::{self, Loaded};
+use crate::names::{instance_of, unit_name};
+use crate::paths::Root;
+use crate::state::records::{self, Record};
+use crate::systemd::{ActiveState, Ops, Systemd, UnitDetails};
+
+/// Every loaded `berth@*.service` with its details, or None when systemd
+/// cannot be asked.
+async fn live_workloads<O: Ops>(sd: &O) -> Option<Vec<(String, UnitDetails)>> {
+    let units = sd.list_workloads().await.ok()?;
+    let mut out = Vec::new();
+    for u in units {
+        if let Some(name) = instance_of(&u.name)
+            && let Ok(d) = sd.details(&u.name).await
+        {
+            out.push((name.to_string(), d));
+        }
+    }
+    Some(out)
+}
+
+pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
+    let loaded = config::load(root);
+    let live = block_on(async {
+        let sd = Systemd::connect(root.manager()).await.ok()?;
+        live_workloads(&sd).await
+    })
+    .ok()
+    .flatten();
+    let mut names: Vec<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
+    for (n, _) in live.iter().flatten() {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
+    }
+    names.sort();
+    if let Some(only) = &only {
+        if !names.contains(only) && records::load(root, only).ok().flatten().is_none() {
+            say_error(&format!(
+                "berth inspect: no workload {only:?} (not configured, not loaded, no record)"
+            ));
+            return 1;
+        }
+        names = vec![only.clone()];
+    }
+    let mut rows = Vec::new();
+    for name in &names {
+        let record = records::load(root, name).ok().flatten();
+        let details = live
+            .as_ref()
+            .and_then(|l| l.iter().find(|(n, _)| n == name))
+            .map(|(_, d)| d);
+        let active_state = match (details, &live) {
+            (Some(d), _) => d.active_state.as_str().to_string(),
+            (None, Some(_)) => ActiveState::Inactive.as_str().to_string(),
+            (None, None) => "unknown".to_string(),
+        };
+        rows.push(json!({
+            "name": name,
+            "unit": unit_name(name),
+            "configured": loaded.workload(name).is_some(),
+            "active_state": active_state,
+            "main_pid": details.map(|d| d.main_pid),
+            "invocation_id": details.map(|d| d.invocation_id.clone()),
+            "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
+            "record": record,
+        }));
+    }
+    if json {
+        let value = if only.is_some() {
+            rows.remove(0)
+        } else {
+            Value::Array(rows)
+        };
+        say(&format!("{}\n", pretty(&value)));
+        return 0;
+    }
+    say(&text(&rows, live.is_some(), only.is_some()));
+    0
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+fn text(rows: &[Value], reachable: bool, inspect: bool) -> String {
+    let mut out = String::new();
+    if !reachable {
+        out.push_str("(systemd not reachable: live state unknown)\n");
+    }
+    for r in rows {
+        if r["restart_pending"] == true {
+            out.push_str(&format!(
+                "note: {} runs an older definition; it applies at its next start (restart pending)\n",
+                r["unit"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "{:<24} {:<10} {:>8} {:>4}  {:<16} AT\n",
+        "WORKLOAD", "STATE", "PID", "GEN", "LAST"
+    ));
+    for r in rows {
+        let rec = &r["record"];
+        out.push_str(&format!(
+            "{:<24} {:<10} {:>8} {:>4}  {:<16} {}\n",
+            r["name"].as_str().unwrap_or(""),
+            r["active_state"].as_str().unwrap_or(""),
+            r["main_pid"]
+                .as_u64()
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into()),
+            rec["transition_generation"]
+                .as_u64()
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into()),
+            rec["last_transition_reason"].as_str().unwrap_or("-"),
+            rec["last_transition_at"].as_str().unwrap_or("-"),
+        ));
+        if inspect && !rec.is_null() {
+            out.push_str(&format!("{}\n", pretty(rec)));
+        }
+    }
+    out
+}
+
+/// A running workload whose definition changed since it started: the
+/// change applies at its next start.
+fn restart_pending(
+    root: &Root,
+    loaded: &Loaded,
+    name: &str,
+    details: Option<&UnitDetails>,
+    record: Option<&Record>,
+) -> bool {
+    let running = details.is_some_and(|d| d.active_state == ActiveState::Active);
+    match (
+        running,
+        loaded.workload(name),
+        record.and_then(|r| r.definition.as_deref()),
+    ) {
+        (true, Some(w), Some(started_with)) => crate::render::definition_fingerprint(root, w) != started_with,
+        _ => false,
+    }
+}

@@ -1,0 +1,233 @@
+//! The `berth` command line: one file per verb family, each the user
+//! interface (arguments, text and JSON, exit status) over a mechanism that
+//! lives elsewhere. Exit codes: 0 success, 1 runtime or config error, 2
+//! usage error (clap's).
+
+mod build;
+mod check;
+mod daemon;
+mod drain;
+mod freeze;
+mod install;
+mod lifecycle;
+mod list;
+mod status;
+
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::paths::{Manager, Root, UserEnvError};
+use crate::systemd::Systemd;
+
+pub use check::check_report;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "berth",
+    version,
+    about = "Workloads that outlive their control plane and drain on real shutdown"
+)]
+struct Cli {
+    /// Talk to the calling user's service manager (like systemctl --user) and use the user's
+    /// config (~/.config/berth), state and runtime directories.
+    #[arg(long, global = true)]
+    user: bool,
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand, Debug)]
+enum Verb {
+    /// Validate the configuration and show what the generator makes of it.
+    Check {
+        /// Read config under this directory instead of / (default: $BERTH_ROOT or /).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+        /// Also inspect the loaded units (admin drop-ins included) for anything that breaks the
+        /// lifecycle invariants.
+        #[arg(long, conflicts_with = "root")]
+        live: bool,
+    },
+    /// Start enabled workloads that are not running, in order (run by berth-autostart.service).
+    Autostart,
+    /// Stop every workload in reverse start order (ExecStop of berth-drain.service).
+    #[command(group(clap::ArgGroup::new("show").args(["dry_run", "last"])))]
+    Drain {
+        /// Show the plan, budgets and worst case; stop nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run or --last: print JSON.
+        #[arg(long, requires = "show")]
+        json: bool,
+        /// Show the report of the last drain (e.g. after the next boot); stop nothing.
+        #[arg(long, conflicts_with = "dry_run")]
+        last: bool,
+    },
+    /// The resident supervisor (run by berth-daemon.service).
+    Daemon {
+        /// Run by hand: relaunch in place when the daemon asks to (exit 75).
+        #[arg(long)]
+        foreground: bool,
+        /// Seconds between reconcile passes (default: [daemon] reconcile_interval_s).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        reconcile_interval: Option<u64>,
+        /// Serve no read-only API socket.
+        #[arg(long)]
+        no_api: bool,
+        /// Seconds between sweeps of records of workloads gone from config and systemd (0: never).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
+        gc_interval: Option<u64>,
+    },
+    /// Is berth installed, loaded, healthy, frozen; what did the last drain do. Never fails.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Freeze the node (no workload starts at boot) or one workload (autostart skips it).
+    Freeze {
+        /// The workload; without it, the whole node.
+        name: Option<String>,
+        /// Why, shown by berth status and berth check.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Remove the node's or a workload's freeze.
+    Thaw { name: Option<String> },
+    /// List the workloads: live state from systemd and the records.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one workload: live state and its record.
+    Inspect {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Enable and start berth.target and prove it works; from a source tree, also install the
+    /// binary, units and generator. Idempotent.
+    Install {
+        /// Where a source install puts the binary (default: /usr/local/bin, or ~/.local/bin with --user).
+        #[arg(long, value_name = "DIR")]
+        bindir: Option<PathBuf>,
+        /// Replace files that berth install did not write, or that changed since it did.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Reverse what install did (files, enablement); workloads keep running. Idempotent.
+    Uninstall {
+        /// Also delete berth's state: records, freeze flags, the last drain report.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Apply a config change: rewrite the per-user units (when there is no generator), reload systemd.
+    Reload,
+    /// Render the packaged units for a binary directory into DIR (used by make).
+    #[command(hide = true)]
+    RenderUnits {
+        #[arg(long, value_name = "DIR")]
+        bindir: PathBuf,
+        out: PathBuf,
+    },
+    /// Print a shell completion script (bash, zsh or fish); `make install` installs them.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
+    #[command(hide = true)]
+    NotConfigured { name: String },
+}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    let manager = if cli.user { Manager::User } else { Manager::System };
+    let root = Root::for_manager(manager);
+    match cli.verb {
+        // Build-time verbs: no user environment needed (a package build has none).
+        Verb::RenderUnits { bindir, out } => build::render_units(manager, &bindir, &out),
+        Verb::Completions { shell } => build::completions(shell),
+        // `berth status` never fails: it reports a user environment it cannot use.
+        Verb::Status { json } => status::run(manager, root, json),
+        Verb::Check { root: dir, live } => with_root(root, |r| check::run(r, dir, live)),
+        Verb::Autostart => with_root(root, lifecycle::autostart),
+        Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
+        Verb::Drain { last: true, json, .. } => with_root(root, |r| drain::last(r, json)),
+        Verb::Drain {
+            dry_run: true, json, ..
+        } => with_root(root, |r| drain::dry_run(r, json)),
+        Verb::Drain { .. } => with_root(root, drain::run),
+        Verb::Daemon {
+            foreground,
+            reconcile_interval,
+            no_api,
+            gc_interval,
+        } => with_root(root, |r| {
+            daemon::run(r, foreground, reconcile_interval, no_api, gc_interval)
+        }),
+        Verb::Freeze { name, reason } => with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason)),
+        Verb::Thaw { name } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
+        Verb::List { json } => with_root(root, |r| list::run(r, None, json)),
+        Verb::Inspect { name, json } => with_root(root, |r| list::run(r, Some(name), json)),
+        Verb::Install { bindir, force } => with_root(root, |r| install::install(r, bindir, force)),
+        Verb::Uninstall { purge } => with_root(root, |r| install::uninstall(r, purge)),
+        Verb::Reload => with_root(root, install::reload),
+    }
+}
+
+/// Runs a verb that needs the manager's paths; without them (a user
+/// environment with no HOME or XDG_RUNTIME_DIR) it fails, saying why.
+fn with_root(root: Result<Root, UserEnvError>, verb: impl FnOnce(&Root) -> i32) -> i32 {
+    match root {
+        Ok(root) => verb(&root),
+        Err(reason) => {
+            say_error(&format!("berth --user: {reason}"));
+            1
+        }
+    }
+}
+
+/// Runs `future` on a current-thread runtime: every verb that talks to
+/// systemd goes through here (or [`with_systemd`]).
+fn block_on<T>(future: impl Future<Output = T>) -> anyhow::Result<T> {
+    let rt = crate::systemd::runtime().context("cannot start the async runtime")?;
+    Ok(rt.block_on(future))
+}
+
+/// Connects to `root`'s manager and runs `f` with the connection.
+fn with_systemd<T, Fut>(root: &Root, f: impl FnOnce(Systemd) -> Fut) -> anyhow::Result<T>
+where
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    block_on(async {
+        let sd = Systemd::connect(root.manager())
+            .await
+            .context("cannot reach systemd")?;
+        f(sd).await
+    })?
+}
+
+/// Prints to stdout; a closed stdout (`| head`) is not an error worth a
+/// panic, so write errors are ignored.
+fn say(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// Prints a line to stderr, ignoring write errors.
+fn say_error(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// An error and its causes on one line, as `{:#}` renders anyhow's chain.
+fn fail(verb: &str, e: &anyhow::Error) -> i32 {
+    say_error(&format!("berth {verb}: {e:#}"));
+    1
+}

@@ -1,0 +1,108 @@
+//! `berth status`: a report that never fails (exit 0), in text or JSON.
+
+use serde_json::Value;
+
+use super::{block_on, say};
+use crate::paths::{Manager, Root, UserEnvError};
+use crate::status::{self, Unreachable};
+use crate::systemd::Systemd;
+
+pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool) -> i32 {
+    let v = match &root {
+        Ok(root) => status::gather(root, || live(root)),
+        Err(reason) => status::unusable(manager, &reason.to_string()),
+    };
+    if json {
+        say(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        ));
+    } else {
+        say(&text(&v));
+    }
+    0
+}
+
+fn live(root: &Root) -> Result<serde_json::Map<String, Value>, Unreachable> {
+    let asked = block_on(async {
+        let sd = Systemd::connect(root.manager()).await?;
+        status::live_units(&sd).await
+    });
+    match asked {
+        Ok(Ok(units)) => Ok(units),
+        Ok(Err(e)) => Err(Unreachable(e.to_string())),
+        Err(e) => Err(Unreachable(format!("{e:#}"))),
+    }
+}
+
+pub fn text(v: &Value) -> String {
+    let mut out = String::new();
+    let yes = |b: &Value| if b == true { "yes" } else { "no" };
+    if let Some(manager) = v["manager"].as_str() {
+        out.push_str(&format!("manager: {manager}\n"));
+    }
+    out.push_str(&format!("installed: {}\n", yes(&v["installed"])));
+    out.push_str(&format!("loaded: {}", yes(&v["loaded"])));
+    if let Some(reason) = v["reason"].as_str() {
+        out.push_str(&format!(" ({reason})"));
+    }
+    out.push('\n');
+    if let Some(units) = v["units"].as_object() {
+        for (unit, u) in units {
+            out.push_str(&format!(
+                "  {unit}: {}{}\n",
+                u["active_state"].as_str().unwrap_or("?"),
+                u["main_pid"]
+                    .as_u64()
+                    .filter(|p| *p > 0)
+                    .map(|p| format!(" (pid {p})"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    if let Some(health) = v["daemon"]["health"].as_str() {
+        out.push_str(&format!("daemon: {health}"));
+        if v["daemon"]["heartbeat_stale"] == true {
+            out.push_str(" (heartbeat stopped advancing)");
+        }
+        out.push('\n');
+    }
+    match v["frozen"]["frozen_scope"].as_str() {
+        Some(scope) => out.push_str(&format!(
+            "frozen: {scope}{}\n",
+            v["frozen"]["frozen_at"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+                .map(|t| format!(" since {t}"))
+                .unwrap_or_default()
+        )),
+        None => out.push_str("frozen: no\n"),
+    }
+    if !v["last_drain"].is_null() {
+        out.push_str(&format!(
+            "last drain: {} in {} ms: {}\n",
+            v["last_drain"]["finished_at"].as_str().unwrap_or("?"),
+            v["last_drain"]["elapsed_ms"],
+            v["last_drain"]["outcomes"]
+        ));
+    }
+    if v["config_errors"].as_u64().unwrap_or(0) > 0 {
+        out.push_str(&format!(
+            "config: {} problem(s); see berth check\n",
+            v["config_errors"]
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_installed_reads_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = status::gather(&Root::new(dir.path()), || panic!("not installed: no D-Bus call"));
+        assert!(text(&v).contains("installed: no"));
+    }
+}

@@ -1,0 +1,217 @@
+//! `berth daemon`: the optional resident supervisor. It adopts the live
+//! workloads, notices exits as they happen (systemd's PropertiesChanged
+//! signals, no polling), records every transition with its cause, and keeps
+//! systemd's watchdog fed only while its loop runs. It never starts, stops
+//! or kills a workload.
+//!
+//! [`classify`] holds the transition rules as pure functions with a table
+//! test; [`supervisor`] feeds them what systemd shows and writes records;
+//! [`health`] is the one aggregate for the journal, the status file and
+//! `/healthz`; this file is the select loop and the ways out of it.
+//!
+//! Transitions a helper made are recorded by that helper under the
+//! workload's lock, which it holds across the job; the supervisor never
+//! waits for a lock (a busy one defers to the next pass), and records only
+//! what nobody else did: `start-user`, `stop-user` and `unexpected-exit`.
+
+pub mod classify;
+pub mod health;
+mod supervisor;
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::api::{self, Shared};
+use crate::autostart::MESSAGE_ID as ADOPTED_MESSAGE_ID;
+use crate::config;
+use crate::events::Events;
+use crate::paths::Root;
+use crate::state::lock::{self, InstanceError};
+use crate::systemd::{Ops, Systemd, SystemdError};
+use crate::time::rfc3339;
+use supervisor::Supervisor;
+
+/// `berth daemon --foreground` relaunches itself on this exit status; under
+/// systemd, `SuccessExitStatus=75` and `Restart=always` do.
+pub const EXIT_RELAUNCH: i32 = 75;
+
+pub struct Options {
+    pub reconcile_interval: Option<Duration>,
+    /// No API socket, whatever `[daemon] api` says.
+    pub no_api: bool,
+    /// Seconds between sweeps of records of workloads that are neither
+    /// configured nor loaded (default: `[daemon] gc_interval_s`; 0: never).
+    pub gc_interval: Option<Duration>,
+}
+
+/// Why the daemon could not start.
+#[derive(Debug)]
+pub enum StartError {
+    Instance(InstanceError),
+    Runtime(std::io::Error),
+    Connect(SystemdError),
+    Watch(SystemdError),
+    Signals(std::io::Error),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Instance(e) => write!(f, "{e}"),
+            StartError::Runtime(e) => write!(f, "cannot start the async runtime: {e}"),
+            StartError::Connect(e) => write!(f, "cannot reach systemd: {e}"),
+            StartError::Watch(e) => write!(f, "cannot watch the units: {e}"),
+            StartError::Signals(e) => write!(f, "cannot install signal handlers: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// How the daemon ended: a clean stop, or a request to be relaunched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Stopped,
+    Relaunch,
+}
+
+impl Exit {
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Stopped => 0,
+            Exit::Relaunch => EXIT_RELAUNCH,
+        }
+    }
+}
+
+/// Runs the supervisor until SIGTERM or a relaunch.
+pub fn main(root: &Root, options: Options) -> Result<Exit, StartError> {
+    let _instance = lock::single_instance(root).map_err(StartError::Instance)?;
+    let rt = crate::systemd::runtime().map_err(StartError::Runtime)?;
+    rt.block_on(async {
+        let sd = Systemd::connect(root.manager())
+            .await
+            .map_err(StartError::Connect)?;
+        run(sd, root.clone(), options).await
+    })
+}
+
+async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartError> {
+    let events = Events::new("berth-daemon");
+    let mut changes = sd.watch().await.map_err(StartError::Watch)?;
+    let (Ok(mut sigterm), Ok(mut sighup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+    else {
+        return Err(StartError::Signals(std::io::Error::last_os_error()));
+    };
+    let loaded = config::load(&root);
+    let interval = options
+        .reconcile_interval
+        .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
+    let socket = root.join(&loaded.host.daemon.socket);
+    let api = if loaded.host.daemon.api && !options.no_api {
+        let shared = Shared::new(interval * 3 + Duration::from_secs(5));
+        match api::start(&socket, shared.clone()) {
+            Ok(()) => Some(shared),
+            Err(e) => {
+                events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut sup = Supervisor::new(sd, root, loaded, events, api);
+
+    let running = sup.pass(true).await;
+    sup.events.emit(
+        log::Level::Info,
+        ADOPTED_MESSAGE_ID,
+        &[("BERTH_ADOPTED", running.to_string())],
+        &format!("adopted {running} running workloads (left untouched)"),
+    );
+    sup.log_health();
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("supervising {running} running workloads")),
+    ]);
+
+    let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
+    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    let mut reconcile_tick = tokio::time::interval(interval);
+    let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
+    let gc_every = options
+        .gc_interval
+        .unwrap_or(Duration::from_secs(sup.loaded.host.daemon.gc_interval_s));
+    let mut gc_tick = tokio::time::interval(if gc_every.is_zero() {
+        Duration::from_secs(86_400)
+    } else {
+        gc_every
+    });
+    gc_tick.reset();
+    reconcile_tick.reset();
+    // Test hook, inert unless set: hang the loop so the watchdog fires.
+    let fault_hang = std::env::var("BERTH_DAEMON_FAULT").is_ok_and(|v| v == "hang");
+
+    loop {
+        tokio::select! {
+            Some(change) = changes.recv() => sup.on_change(change).await,
+            _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
+            _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
+            _ = reconcile_tick.tick() => {
+                // A package upgrade (or make install) replaced the binary
+                // under us: noticed within one interval, no signal needed.
+                if binary_replaced() {
+                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                }
+                let running = sup.pass(false).await;
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+                    "supervising {running} running workloads; last pass {}", rfc3339(sup.heartbeat)
+                ))]);
+            }
+            _ = watchdog_tick.tick() => {
+                if fault_hang {
+                    sup.events.warn("BERTH_DAEMON_FAULT=hang: the loop stops here (test hook)");
+                    loop { std::thread::sleep(Duration::from_secs(3600)); }
+                }
+                if watchdog.is_some() {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+            _ = sigterm.recv() => return Ok(leave(&sup.events, &socket, Exit::Stopped, "")),
+            _ = sighup.recv() => {
+                let fresh = config::load(&sup.root);
+                if binary_replaced() {
+                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                }
+                if fresh.host.daemon != sup.loaded.host.daemon {
+                    // New unit settings (WatchdogSec) come from the generator:
+                    // reload systemd first, then ask to be relaunched under them.
+                    if let Err(e) = sup.sd.reload().await {
+                        sup.events.warn(&format!("daemon settings changed, but systemd could not be reloaded: {e}"));
+                    }
+                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "daemon settings changed: systemd reloaded, relaunching (exit 75)"));
+                }
+                sup.loaded = fresh;
+                sup.events.info("reloaded the workload definitions");
+            }
+        }
+    }
+}
+
+/// The one way out of the loop: say why, tell systemd, remove the socket.
+fn leave(events: &Events, socket: &Path, exit: Exit, why: &str) -> Exit {
+    if !why.is_empty() {
+        events.info(why);
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    api::stop(socket);
+    exit
+}
+
+/// The running executable's file was replaced or removed (the kernel
+/// marks the link " (deleted)").
+fn binary_replaced() -> bool {
+    std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
+}

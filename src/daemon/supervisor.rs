@@ -1,0 +1,383 @@
+//! The supervisor's state and its reactions: a pass over every workload,
+//! a signal about one, and recording what the classifier decided.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::classify::{self, Decision, SeenBy, Settled};
+use super::health::{self, Health, HealthStatus};
+use crate::api::{Shared, WorkloadView};
+use crate::config::{self, Loaded};
+use crate::events::Events;
+use crate::names::{self, instance_of};
+use crate::paths::Root;
+use crate::state::lock;
+use crate::state::records::{self, ExitCause, RecordState, TransitionReason};
+use crate::systemd::{ActiveState, Change, JobType, Ops, UnitDetails};
+use crate::time::rfc3339;
+
+/// How long a seen start or stop job explains a transition.
+const JOB_MEMORY: Duration = Duration::from_secs(120);
+
+pub(super) struct Supervisor<O: Ops> {
+    pub(super) sd: O,
+    pub(super) root: Root,
+    pub(super) loaded: Loaded,
+    pub(super) events: Events,
+    /// unit → (job type, when seen)
+    jobs: HashMap<String, (JobType, Instant)>,
+    deferred: Vec<String>,
+    pub(super) heartbeat: SystemTime,
+    pub(super) api: Option<Arc<Shared>>,
+    /// ActiveState per workload at the last look: a pass looks closer only
+    /// at what changed, so an idle pass is one D-Bus call.
+    seen: HashMap<String, ActiveState>,
+    /// Workloads whose MainPID and InvocationID the API still lacks; filled
+    /// a few at a time after READY, so adoption of many is quick.
+    pub(super) fill: VecDeque<String>,
+    record_mtimes: HashMap<String, Option<SystemTime>>,
+    /// Workloads configured or loaded at the last pass.
+    live_names: BTreeSet<String>,
+    /// Object path → workload, from the listed units: what a
+    /// PropertiesChanged signal names.
+    paths: HashMap<String, String>,
+}
+
+impl<O: Ops> Supervisor<O> {
+    pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
+        Supervisor {
+            sd,
+            root,
+            loaded,
+            events,
+            jobs: HashMap::new(),
+            deferred: Vec::new(),
+            heartbeat: SystemTime::now(),
+            api,
+            seen: HashMap::new(),
+            fill: VecDeque::new(),
+            record_mtimes: HashMap::new(),
+            live_names: BTreeSet::new(),
+            paths: HashMap::new(),
+        }
+    }
+
+    /// One scan of every workload unit; returns how many run.
+    pub(super) async fn pass(&mut self, first: bool) -> usize {
+        let live = match self.sd.list_workloads().await {
+            Ok(live) => live,
+            Err(e) => {
+                self.events
+                    .warn(&format!("pass: cannot list the workload units: {e}"));
+                if let Some(api) = &self.api {
+                    api.set_systemd_ok(false);
+                }
+                return 0;
+            }
+        };
+        let mut running = 0;
+        let mut states: Vec<(String, ActiveState)> = Vec::with_capacity(live.len());
+        self.paths.clear();
+        for u in live {
+            if let Some(name) = instance_of(&u.name) {
+                self.paths.insert(u.path, name.to_string());
+                states.push((name.to_string(), u.active_state));
+            }
+        }
+        for w in &self.loaded.workloads {
+            if !states.iter().any(|(n, _)| *n == w.name) {
+                states.push((w.name.clone(), ActiveState::Inactive));
+            }
+        }
+        self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
+        // What a busy lock deferred is looked at again now.
+        let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
+        for (name, active) in states {
+            // A record rewritten behind its back (a helper, an admin, a
+            // corrupted file) is looked at again too: a stat per workload.
+            let touched = self.record_mtimes.get(&name) != Some(&record_mtime(&self.root, &name));
+            let changed = self.seen.get(&name) != Some(&active);
+            if first || changed || touched || deferred.contains(&name) {
+                self.reconcile(&name, SeenBy::Scan, Some(active.clone())).await;
+            }
+            if active.is_up() {
+                running += 1;
+            }
+            self.record_mtimes
+                .insert(name.clone(), record_mtime(&self.root, &name));
+            self.seen.insert(name, active);
+        }
+        self.heartbeat = SystemTime::now();
+        self.seen.retain(|name, _| self.live_names.contains(name));
+        if let Some(api) = &self.api {
+            api.retain(|name| self.live_names.contains(name));
+        }
+        let health = self.health();
+        if let Err(e) = health::write_status(&self.root, self.heartbeat, running, &health) {
+            self.events.warn(&format!(
+                "cannot write {}: {e}",
+                health::status_path(&self.root).display()
+            ));
+        }
+        if let Some(api) = &self.api {
+            api.passed(self.heartbeat, health);
+        }
+        running
+    }
+
+    pub(super) async fn on_change(&mut self, change: Change) {
+        match change {
+            Change::JobNew { job, unit } => {
+                if instance_of(&unit).is_some()
+                    && let Some(kind) = self.sd.job_type(&job).await
+                {
+                    self.jobs.insert(unit, (kind, Instant::now()));
+                }
+            }
+            Change::Properties { path } => {
+                if let Some(name) = self.workload_at(&path).await {
+                    self.reconcile(&name, SeenBy::Signal, None).await;
+                }
+            }
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for name in deferred {
+            self.reconcile(&name, SeenBy::Scan, None).await;
+        }
+    }
+
+    /// The workload whose unit lives at `path`, from the listed units; a
+    /// workload unit loaded since the last pass is listed again first.
+    async fn workload_at(&mut self, path: &str) -> Option<String> {
+        if let Some(name) = self.paths.get(path) {
+            return Some(name.clone());
+        }
+        if !path.starts_with(names::WORKLOAD_PATH_PREFIX) {
+            return None;
+        }
+        let live = self.sd.list_workloads().await.ok()?;
+        for u in live {
+            if let Some(name) = instance_of(&u.name) {
+                self.paths.insert(u.path, name.to_string());
+            }
+        }
+        self.paths.get(path).cloned()
+    }
+
+    /// Compares systemd's state of one workload with its record and records
+    /// the transition nobody else recorded.
+    async fn reconcile(&mut self, name: &str, seen_by: SeenBy, known: Option<ActiveState>) {
+        let unit = names::unit_name(name);
+        // From a pass the ActiveState is known: details (exit cause, pid)
+        // are fetched only when a transition is to be recorded.
+        let mut details = match known {
+            Some(active_state) => UnitDetails {
+                active_state,
+                ..Default::default()
+            },
+            None => self.details(&unit).await,
+        };
+        let Some(now) = Settled::of(&details.active_state) else {
+            return;
+        };
+        let recorded = records::load(&self.root, name).ok().flatten();
+        let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
+        if (now == Settled::Running) != was_running && details.invocation_id.is_empty() {
+            details = self.details(&unit).await;
+        } else if details.invocation_id.is_empty() && self.api.is_some() {
+            self.fill.push_back(name.to_string());
+        }
+        self.seen.insert(name.to_string(), details.active_state.clone());
+        let job = self
+            .jobs
+            .get(&unit)
+            .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
+            .map(|(kind, _)| kind.clone());
+        let stamp = rfc3339(SystemTime::now());
+        // The definition on disk now (a daemon-reload may have brought a
+        // new one since this daemon read its config), read only when a
+        // start is recorded.
+        let root = self.root.clone();
+        let definition =
+            || config::load_workload(&root, name).map(|w| crate::render::definition_fingerprint(&root, &w));
+        let events = &self.events;
+        let current = Some(details.invocation_id.clone()).filter(|i| !i.is_empty());
+        let outcome = records::try_update(&self.root, name, |r| {
+            match classify::classify(r, now, current.as_deref(), job.as_ref(), seen_by) {
+                Decision::Nothing => false,
+                Decision::NoteInvocation => {
+                    r.invocation_id = current.clone();
+                    false
+                }
+                Decision::Adopt => {
+                    r.state = RecordState::Running;
+                    r.adopted_at = Some(stamp.clone());
+                    false
+                }
+                Decision::Refine => {
+                    r.state = now.record_state();
+                    false
+                }
+                Decision::Transition(reason) => {
+                    r.state = now.record_state();
+                    r.detected_by = Some(seen_by.as_str().into());
+                    if now == Settled::Running {
+                        r.exit_cause = None;
+                        r.definition = definition();
+                        r.invocation_id = current.clone();
+                    } else {
+                        r.stopped_at = Some(stamp.clone());
+                        r.exit_cause = Some(exit_cause(&details));
+                        r.invocation_id = None;
+                    }
+                    events.emit(
+                        if reason == TransitionReason::UnexpectedExit {
+                            log::Level::Warn
+                        } else {
+                            log::Level::Info
+                        },
+                        "",
+                        &[
+                            ("BERTH_WORKLOAD", name.to_string()),
+                            ("BERTH_TRANSITION", reason.to_string()),
+                        ],
+                        &format!(
+                            "{unit}: {reason} (result {}, seen by {})",
+                            details.result,
+                            seen_by.as_str()
+                        ),
+                    );
+                    r.last_transition_reason = reason;
+                    true
+                }
+            }
+        });
+        let record = match outcome {
+            Ok(Some(updated)) => self.events.recorded(name, Ok(updated)),
+            Ok(None) => {
+                self.deferred.push(name.to_string());
+                records::load(&self.root, name).ok().flatten()
+            }
+            Err(e) => self.events.recorded(name, Err(e)),
+        };
+        if let Some(api) = &self.api {
+            // Without fresh details, keep what the view already knows of
+            // the same running instance rather than publish blanks.
+            let (mut main_pid, mut invocation_id) = (details.main_pid, details.invocation_id.clone());
+            if invocation_id.is_empty()
+                && let Some(old) = api.view(name)
+                && old.active_state == details.active_state
+            {
+                (main_pid, invocation_id) = (old.main_pid, old.invocation_id);
+            }
+            api.publish(WorkloadView {
+                name: name.to_string(),
+                unit: unit.clone(),
+                active_state: details.active_state.clone(),
+                main_pid,
+                invocation_id,
+                record,
+            });
+        }
+    }
+
+    pub(super) fn health(&self) -> Health {
+        let failed = self
+            .seen
+            .iter()
+            .filter(|(_, s)| **s == ActiveState::Failed)
+            .map(|(n, _)| n.clone())
+            .collect();
+        Health::new(failed, self.deferred.clone())
+    }
+
+    pub(super) fn log_health(&self) {
+        let health = self.health();
+        self.events.emit(
+            if health.status == HealthStatus::Healthy {
+                log::Level::Info
+            } else {
+                log::Level::Warn
+            },
+            "",
+            &[
+                ("BERTH_HEALTH", health.status.to_string()),
+                ("BERTH_FAILED", health.failed.join(" ")),
+                ("BERTH_UNCONVERGED", health.unconverged.join(" ")),
+            ],
+            &format!(
+                "daemon.{}: {} failed [{}], {} not converged [{}]",
+                health.status,
+                health.failed.len(),
+                health.failed.join(" "),
+                health.unconverged.len(),
+                health.unconverged.join(" ")
+            ),
+        );
+    }
+
+    /// Removes the records of workloads neither configured nor loaded.
+    /// Quarantined (`.corrupt`) records are kept for inspection.
+    pub(super) fn sweep(&mut self) {
+        let Ok(entries) = std::fs::read_dir(records::records_dir(&self.root)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let Some(name) = file.strip_suffix(".json") else {
+                continue;
+            };
+            if name.starts_with('.') || self.live_names.contains(name) {
+                continue;
+            }
+            if let Ok(lock) = lock::workload(&self.root, name)
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                drop(lock);
+                self.events.info(&format!(
+                    "swept the record of {name}: neither configured nor loaded"
+                ));
+            }
+        }
+    }
+
+    /// An observation that fails reads as inactive (see the hardening issue
+    /// for why that is to change).
+    async fn details(&self, unit: &str) -> UnitDetails {
+        self.sd.details(unit).await.unwrap_or_default()
+    }
+
+    /// Completes one workload's API view with its MainPID and InvocationID.
+    pub(super) async fn fill_one(&mut self) {
+        let Some(name) = self.fill.pop_front() else { return };
+        let Some(api) = &self.api else { return };
+        let unit = names::unit_name(&name);
+        let details = self.details(&unit).await;
+        let record = records::load(&self.root, &name).ok().flatten();
+        api.publish(WorkloadView {
+            name,
+            unit,
+            active_state: details.active_state,
+            main_pid: details.main_pid,
+            invocation_id: details.invocation_id,
+            record,
+        });
+    }
+}
+
+fn record_mtime(root: &Root, name: &str) -> Option<SystemTime> {
+    std::fs::metadata(records::record_path(root, name))
+        .and_then(|m| m.modified())
+        .ok()
+}
+
+fn exit_cause(d: &UnitDetails) -> ExitCause {
+    ExitCause {
+        result: d.result.to_string(),
+        code: d.exec_main_code.as_str().into(),
+        status: d.exec_main_status,
+    }
+}

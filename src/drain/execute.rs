@@ -1,0 +1,274 @@
+//! Carrying the plan out: groups in order, at most `drain_parallelism`
+//! stops at a time, each graceful stop bounded by its stop delay, then
+//! forced or abandoned per policy, everything inside one deadline.
+
+use std::time::{Duration, SystemTime};
+
+// tokio's clock: the same as std's in production, and pausable in tests.
+use tokio::time::Instant;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+use super::plan::{self, Target};
+use super::report::{record, summarize, write};
+use crate::config::{Loaded, StopAction};
+use crate::events::Events;
+use crate::paths::Root;
+use crate::state::drain_report::{Outcome, Report, StopResult};
+use crate::state::lock;
+use crate::systemd::{ActiveState, Job, JobResult, Ops, SystemdError, UnitStatus};
+use crate::time::rfc3339;
+
+/// Runs the drain. When the live units cannot be listed, every configured
+/// workload is still attempted.
+pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events) -> Report {
+    let started = Instant::now();
+    let started_at = rfc3339(SystemTime::now());
+    let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
+    let live = match ops.list_workloads().await {
+        Ok(live) => live,
+        Err(e) => {
+            events.warn(&format!(
+                "cannot list the live workload units ({e}); stopping every configured one"
+            ));
+            loaded
+                .workloads
+                .iter()
+                .map(|w| UnitStatus {
+                    name: w.unit_name(),
+                    load_state: crate::systemd::LoadState::Loaded,
+                    active_state: ActiveState::Active,
+                    sub_state: "unknown".into(),
+                    path: String::new(),
+                })
+                .collect()
+        }
+    };
+    let groups = plan::groups(loaded, &live);
+    let parallelism = loaded.host.drain_parallelism.max(1) as usize;
+    let mut results = Vec::new();
+
+    let mut groups = groups.into_iter();
+    while let Some(mut group) = groups.next() {
+        // Past the deadline the remaining groups are one batch: everything
+        // still pending is forced at once.
+        if Instant::now() >= deadline {
+            group.extend(groups.by_ref().flatten());
+        }
+        let mut queue = group.into_iter();
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            // Past the deadline everything still pending is forced at once,
+            // not drain_parallelism at a time.
+            let limit = if Instant::now() >= deadline {
+                usize::MAX
+            } else {
+                parallelism
+            };
+            while in_flight.len() < limit {
+                match queue.next() {
+                    Some(t) => in_flight.push(stop_one(ops, t, Some(root), started, deadline)),
+                    None => break,
+                }
+            }
+            let next = if in_flight.is_empty() {
+                None
+            } else {
+                // Wake at the deadline too, to release what still waits.
+                tokio::select! {
+                    r = in_flight.next() => r,
+                    _ = tokio::time::sleep_until(deadline), if Instant::now() < deadline => continue,
+                }
+            };
+            match next {
+                Some((r, lock)) if Instant::now() >= deadline && queue.len() > 0 => {
+                    record(root, &r, lock.as_ref(), events);
+                    results.push(r);
+                    // The deadline passed inside this group: pull the later
+                    // groups into it.
+                    let rest: Vec<Target> = queue.by_ref().chain(groups.by_ref().flatten()).collect();
+                    queue = rest.into_iter();
+                }
+                Some((r, lock)) => {
+                    // Recorded as each finishes: if systemd ever kills the
+                    // drain, what was done is already in the journal.
+                    record(root, &r, lock.as_ref(), events);
+                    results.push(r);
+                }
+                None => break,
+            }
+        }
+    }
+    let report = Report {
+        started_at,
+        finished_at: rfc3339(SystemTime::now()),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        deadline_s: loaded.host.drain_deadline_s,
+        parallelism: loaded.host.drain_parallelism,
+        deadline_reached: Instant::now() >= deadline,
+        workloads: results,
+    };
+    summarize(&report, events);
+    write(root, &report, events);
+    report
+}
+
+/// Stops one workload. `root` given: its lock is taken first and handed back
+/// with the result, so that the supervisor does not record this stop as
+/// someone else's before the drain has recorded it.
+async fn stop_one<O: Ops>(
+    ops: &O,
+    t: Target,
+    root: Option<&Root>,
+    drain_began: Instant,
+    deadline: Instant,
+) -> (StopResult, Option<std::fs::File>) {
+    let lock = root
+        .filter(|_| t.running)
+        .and_then(|root| lock::workload(root, &t.name).ok());
+    let began = Instant::now();
+    let (outcome, code, detail) = if !t.running {
+        (Outcome::AlreadyOff, None, None)
+    } else {
+        match stop_running(ops, &t, deadline).await {
+            Ok(done) => done,
+            Err(e) => (Outcome::Failed, Some("E_SYSTEMD"), Some(e.to_string())),
+        }
+    };
+    let result = StopResult {
+        workload: t.name,
+        outcome,
+        started_ms: began.duration_since(drain_began).as_millis() as u64,
+        code: code.map(str::to_string),
+        elapsed_ms: began.elapsed().as_millis() as u64,
+        detail,
+    };
+    (result, lock)
+}
+
+type Done = (Outcome, Option<&'static str>, Option<String>);
+
+/// How long a forced stop may take to complete once SIGKILL was sent.
+const FORCE_SETTLE: Duration = Duration::from_secs(10);
+
+async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<Done, SystemdError> {
+    if t.stop_action == StopAction::PowerOff {
+        // Killed at once, deadline or not, force-off setting or not: that
+        // is what power_off asks for. A failed kill (the processes already
+        // gone) still gets its stop.
+        let killed = ops.kill(&t.unit).await;
+        let job = ops.stop(&t.unit).await?;
+        let result = ops.wait(&job, Some(FORCE_SETTLE)).await;
+        return Ok(match (result, killed) {
+            (Some(JobResult::Done), _) => (Outcome::PoweredOff, None, None),
+            (other, Err(e)) => (
+                Outcome::Failed,
+                Some("E_SYSTEMD"),
+                Some(format!("{e}; stop job: {}", describe(&other))),
+            ),
+            (other, Ok(())) => (
+                Outcome::Failed,
+                Some("E_SYSTEMD"),
+                Some(format!("stop job after SIGKILL: {}", describe(&other))),
+            ),
+        });
+    }
+    let now = Instant::now();
+    if now >= deadline {
+        // Never attempted gracefully: the deadline passed while it waited.
+        return force_or_abandon(ops, t, None, "E_DRAIN_DEADLINE").await;
+    }
+    let job = ops.stop(&t.unit).await?;
+    let budget = Duration::from_secs(t.stop_delay_s);
+    let left = deadline - now;
+    let (limit, code) = if left < budget {
+        (left, "E_DRAIN_DEADLINE")
+    } else {
+        (budget, "E_DRAIN_FORCED_OFF")
+    };
+    match ops.wait(&job, Some(limit)).await {
+        Some(JobResult::Done) => Ok((Outcome::GracefulOff, None, None)),
+        Some(r) => {
+            // The job ended without the unit going down cleanly (canceled
+            // by someone else, failed): say what systemd said.
+            let state = ops.active_state(&t.unit).await.unwrap_or_default();
+            if state.is_down() {
+                Ok((
+                    Outcome::GracefulOff,
+                    None,
+                    Some(format!("stop job {r}, unit {state}")),
+                ))
+            } else {
+                Ok((
+                    Outcome::Failed,
+                    Some("E_SYSTEMD"),
+                    Some(format!("stop job {r}, unit {state}")),
+                ))
+            }
+        }
+        None => force_or_abandon(ops, t, Some(job), code).await,
+    }
+}
+
+/// Past its budget: SIGKILL and let the stop complete (ForcedOff), or, with
+/// force-off disabled, cancel the pending stop job so it cannot hold the
+/// shutdown, and leave the workload to systemd's final kill (TimedOut).
+/// The outcome follows what systemd says happened, not the timer alone: a
+/// stop job that completed just then, or a unit already down, is
+/// GracefulOff.
+async fn force_or_abandon<O: Ops>(
+    ops: &O,
+    t: &Target,
+    job: Option<Job>,
+    code: &'static str,
+) -> Result<Done, SystemdError> {
+    if let Some(job) = &job
+        && ops.wait(job, Some(Duration::ZERO)).await == Some(JobResult::Done)
+    {
+        return Ok((Outcome::GracefulOff, None, None));
+    }
+    if !t.force_off_on_timeout {
+        if let Some(job) = &job
+            && let Err(e) = ops.cancel(&t.unit, job).await
+            && !e.is_gone()
+        {
+            return Err(e);
+        }
+        if ops.active_state(&t.unit).await.unwrap_or_default().is_down() {
+            return Ok((
+                Outcome::GracefulOff,
+                None,
+                Some("went down at its stop delay".into()),
+            ));
+        }
+        return Ok((Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT"), None));
+    }
+    if let Err(e) = ops.kill(&t.unit).await
+        && !e.is_gone()
+    {
+        return Err(e);
+    }
+    let job = match job {
+        Some(job) => job,
+        None => ops.stop(&t.unit).await?,
+    };
+    match ops.wait(&job, Some(FORCE_SETTLE)).await {
+        Some(JobResult::Done) => Ok((Outcome::ForcedOff, Some(code), None)),
+        other => Ok((
+            Outcome::Failed,
+            Some("E_SYSTEMD"),
+            Some(format!(
+                "no stop within {} s of SIGKILL ({})",
+                FORCE_SETTLE.as_secs(),
+                describe(&other)
+            )),
+        )),
+    }
+}
+
+/// A job's end for a detail message, as the report always wrote it:
+/// `Some("done")`, or `None` when it did not end in time.
+fn describe(result: &Option<JobResult>) -> String {
+    format!("{:?}", result.as_ref().map(JobResult::as_str))
+}

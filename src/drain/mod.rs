@@ -1,0 +1,172 @@
+//! `berth drain`: stop every running workload in reverse start order,
+//! bounded in parallelism and by one deadline, with a typed outcome each.
+//!
+//! Runs as berth-drain.service's ExecStop during a real shutdown, or by
+//! hand. Best effort: it always finishes, records and exits 0. [`plan`]
+//! decides (pure), [`execute`] carries it out through `systemd::Ops`,
+//! [`report`] tells each outcome (records, journal, `last-drain.json`).
+
+pub mod execute;
+pub mod plan;
+pub mod report;
+
+pub use execute::run;
+pub use plan::{DryRun, Target, dry_run};
+pub use report::{SUMMARY_MESSAGE_ID, unreachable};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Loaded;
+    use crate::events::Events;
+    use crate::paths::Root;
+    use crate::state::drain_report::{Outcome, Report};
+    use crate::state::records::{RecordState, TransitionReason};
+    use crate::systemd::fake::{Behaviour, FakeOps};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    pub(crate) fn setup(host: &str, workloads: &[(&str, &str)]) -> (tempfile::TempDir, Root, Loaded) {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(dir.path().join("etc/berth/berth.toml"), host).unwrap();
+        for (name, body) in workloads {
+            std::fs::write(
+                etc.join(format!("{name}.toml")),
+                format!("exec = [\"/bin/x\"]\n{body}"),
+            )
+            .unwrap();
+        }
+        let root = Root::new(dir.path());
+        let loaded = crate::config::load(&root);
+        assert!(loaded.is_clean(), "{:?}", loaded.errors);
+        (dir, root, loaded)
+    }
+
+    fn outcomes(report: &Report) -> BTreeMap<String, (Outcome, Option<&str>)> {
+        report
+            .workloads
+            .iter()
+            .map(|w| (w.workload.clone(), (w.outcome, w.code.as_deref())))
+            .collect()
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn groups_run_in_reverse_order_and_parallelism_is_bounded() {
+        let (_d, root, loaded) = setup(
+            "drain_parallelism = 2",
+            &[
+                ("a", "order = 0"),
+                ("b", "order = 10"),
+                ("c", "order = 10"),
+                ("d", "order = 10"),
+                ("e", "order = 20"),
+            ],
+        );
+        let ops = ["a", "b", "c", "d", "e"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::Takes(SEC)));
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        assert!(
+            outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
+            "{report:?}"
+        );
+        assert_eq!(ops.peak("stop"), 2);
+        let (e_begin, e_end) = ops.span("e", "stop");
+        let group10: Vec<_> = ["b", "c", "d"].iter().map(|n| ops.span(n, "stop")).collect();
+        assert!(
+            group10.iter().all(|(b, _)| *b >= e_end),
+            "group 10 began before group 20 ended"
+        );
+        let group10_end = group10.iter().map(|s| s.1).max().unwrap();
+        assert!(ops.span("a", "stop").0 >= group10_end);
+        // 1 s + 2 rounds of 1 s + 1 s.
+        assert_eq!(ops.span("a", "stop").1 - e_begin, 4 * SEC);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_workload_that_ignores_sigterm_is_forced_at_its_stop_delay() {
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("hard", "stop_delay_s = 3"),
+                ("soft", "stop_delay_s = 3\nforce_off_on_timeout = false"),
+            ],
+        );
+        let ops = FakeOps::default()
+            .unit("hard", true, Behaviour::IgnoresTerm)
+            .unit("soft", true, Behaviour::IgnoresTerm);
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let o = outcomes(&report);
+        assert_eq!(o["hard"], (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF")));
+        assert_eq!(o["soft"], (Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT")));
+        assert_eq!(*ops.killed.borrow(), ["berth@hard.service"]);
+        assert_eq!(
+            *ops.cancelled.borrow(),
+            ["berth@soft.service"],
+            "the abandoned stop job is cancelled"
+        );
+        let hard = report.workloads.iter().find(|w| w.workload == "hard").unwrap();
+        assert_eq!(hard.elapsed_ms, 3000);
+        let rec = crate::state::records::load(&root, "hard").unwrap().unwrap();
+        assert_eq!(
+            (rec.state, rec.last_transition_reason),
+            (RecordState::Stopped, TransitionReason::Drain)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn power_off_already_off_and_orphans() {
+        let (_d, root, loaded) = setup("", &[("zap", "stop_action = \"power_off\""), ("idle", "")]);
+        let ops = FakeOps::default()
+            .unit("zap", true, Behaviour::IgnoresTerm)
+            .unit("idle", false, Behaviour::Takes(SEC))
+            .unit("ghost", true, Behaviour::Takes(SEC));
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let o = outcomes(&report);
+        assert_eq!(o["zap"].0, Outcome::PoweredOff);
+        assert_eq!(o["idle"].0, Outcome::AlreadyOff);
+        assert_eq!(
+            o["ghost"].0,
+            Outcome::GracefulOff,
+            "a running unit without config is drained"
+        );
+        assert_eq!(
+            report.workloads.last().unwrap().workload,
+            "ghost",
+            "orphans come last"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_forces_everything_still_pending() {
+        let (_d, root, loaded) = setup(
+            "drain_parallelism = 1\ndrain_deadline_s = 5",
+            &[
+                ("s1", "stop_delay_s = 10"),
+                ("s2", "stop_delay_s = 10"),
+                ("s3", "stop_delay_s = 10"),
+            ],
+        );
+        let ops = ["s1", "s2", "s3"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::IgnoresTerm));
+        let began = tokio::time::Instant::now();
+        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        assert!(
+            outcomes(&report)
+                .values()
+                .all(|o| *o == (Outcome::ForcedOff, Some("E_DRAIN_DEADLINE"))),
+            "{report:?}"
+        );
+        assert!(report.deadline_reached);
+        assert_eq!(
+            tokio::time::Instant::now() - began,
+            5 * SEC,
+            "nothing waits past the deadline"
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! What the drain tells: each workload's outcome in its record and in the
+//! journal (with a MESSAGE_ID the shipped catalog explains) as soon as its
+//! stop ends, then a summary and `last-drain.json`.
+
+use std::time::SystemTime;
+
+use crate::config::Loaded;
+use crate::events::Events;
+use crate::paths::Root;
+use crate::state::drain_report::{self, Outcome, Report, StopResult};
+use crate::state::records::{self, RecordState, TransitionReason};
+use crate::systemd::SystemdError;
+use crate::time::rfc3339;
+
+pub const SUMMARY_MESSAGE_ID: &str = "61e222e9096b43169c2ddfd80dc89fbb";
+
+/// When systemd cannot be reached at all: every configured workload is
+/// reported Failed, so that `berth drain --last` after the next boot tells
+/// the truth rather than showing an older drain.
+pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &Events) {
+    events.emit(
+        log::Level::Error,
+        SUMMARY_MESSAGE_ID,
+        &[("BERTH_CODE", "E_SYSTEMD".into())],
+        &format!("drain impossible: cannot reach systemd: {error}"),
+    );
+    let now = rfc3339(SystemTime::now());
+    let workloads: Vec<StopResult> = loaded
+        .workloads
+        .iter()
+        .map(|w| StopResult {
+            workload: w.name.clone(),
+            outcome: Outcome::Failed,
+            started_ms: 0,
+            code: Some("E_SYSTEMD".into()),
+            elapsed_ms: 0,
+            detail: Some(format!("systemd unreachable: {error}")),
+        })
+        .collect();
+    for r in &workloads {
+        record(root, r, None, events);
+    }
+    let report = Report {
+        started_at: now.clone(),
+        finished_at: now,
+        elapsed_ms: 0,
+        deadline_s: loaded.host.drain_deadline_s,
+        parallelism: loaded.host.drain_parallelism,
+        deadline_reached: false,
+        workloads,
+    };
+    write(root, &report, events);
+}
+
+pub(super) fn write(root: &Root, report: &Report, events: &Events) {
+    if let Err(e) = drain_report::write(root, report) {
+        events.warn(&format!(
+            "cannot write {}: {e}",
+            drain_report::path(root).display()
+        ));
+    }
+}
+
+/// One workload's outcome: into its record (under the lock the stop held,
+/// when it had one) and the journal.
+pub(super) fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, events: &Events) {
+    let now = rfc3339(SystemTime::now());
+    let change = |rec: &mut records::Record| {
+        // Only a stop the drain made is a transition; AlreadyOff keeps the
+        // state (a failed workload stays failed).
+        let transition = rec.state != RecordState::Stopped && r.outcome.stopped_it();
+        rec.outcome = Some(r.outcome.as_str().into());
+        rec.code = r.code.clone();
+        rec.detail = r.detail.clone();
+        if transition {
+            rec.state = RecordState::Stopped;
+            rec.stopped_at = Some(now.clone());
+            rec.last_transition_reason = TransitionReason::Drain;
+            rec.detected_by = None;
+            rec.invocation_id = None;
+        }
+        transition
+    };
+    let recorded = match lock {
+        Some(lock) => records::update_locked(root, &r.workload, lock, change),
+        None => records::update(root, &r.workload, change),
+    };
+    events.recorded(&r.workload, recorded);
+    let mut fields = vec![
+        ("BERTH_WORKLOAD", r.workload.clone()),
+        ("BERTH_OUTCOME", r.outcome.as_str().to_string()),
+        ("BERTH_ELAPSED_MS", r.elapsed_ms.to_string()),
+    ];
+    if let Some(code) = &r.code {
+        fields.push(("BERTH_CODE", code.clone()));
+    }
+    let level = match r.outcome {
+        Outcome::GracefulOff | Outcome::PoweredOff | Outcome::AlreadyOff => log::Level::Info,
+        Outcome::ForcedOff | Outcome::TimedOut => log::Level::Warn,
+        Outcome::Failed => log::Level::Error,
+    };
+    let detail = r.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+    events.emit(
+        level,
+        r.outcome.message_id(),
+        &fields,
+        &format!(
+            "drain: berth@{}.service {} after {} ms{detail}",
+            r.workload,
+            r.outcome.as_str(),
+            r.elapsed_ms
+        ),
+    );
+}
+
+pub(super) fn summarize(report: &Report, events: &Events) {
+    let counts = report.counts();
+    // Alphabetical by outcome name, as the summary always read.
+    let mut named: Vec<(&str, usize)> = counts.iter().map(|(o, n)| (o.as_str(), *n)).collect();
+    named.sort();
+    let text = named
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut fields = vec![
+        ("BERTH_ELAPSED_MS", report.elapsed_ms.to_string()),
+        ("BERTH_WORKLOADS", report.workloads.len().to_string()),
+    ];
+    for (outcome, n) in &counts {
+        fields.push((outcome.count_field(), n.to_string()));
+    }
+    events.emit(
+        log::Level::Info,
+        SUMMARY_MESSAGE_ID,
+        &fields,
+        &format!(
+            "drain done in {} ms: {}{}",
+            report.elapsed_ms,
+            if text.is_empty() {
+                "no workloads".to_string()
+            } else {
+                text
+            },
+            if report.deadline_reached {
+                " (deadline reached)"
+            } else {
+                ""
+            }
+        ),
+    );
+}

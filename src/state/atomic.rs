@@ -1,0 +1,50 @@
+//! The one way berth replaces a file: readers see the old or the new one,
+//! never a torn one, also across a power failure.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// What [`replace`] puts at a path.
+pub enum Replacement<'a> {
+    /// Contents and permission bits.
+    File(&'a [u8], u32),
+    /// A symbolic link to this target.
+    Symlink(&'a str),
+}
+
+/// Replaces `path`: a temporary file in the same directory, fsync, rename,
+/// fsync of the directory.
+pub fn replace(path: &Path, with: &Replacement) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a path without a directory"))?;
+    fs::create_dir_all(dir)?;
+    // Per process, so that two writers never share a temporary file.
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&tmp);
+    match with {
+        Replacement::File(bytes, mode) => {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.set_permissions(fs::Permissions::from_mode(*mode))?;
+            f.sync_all()?;
+        }
+        Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
+    }
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+/// Writes a JSON document (`bytes` and a newline) to `path` atomically.
+pub fn write_json(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut line = Vec::with_capacity(bytes.len() + 1);
+    line.extend_from_slice(bytes);
+    line.push(b'\n');
+    replace(path, &Replacement::File(&line, 0o644))
+}

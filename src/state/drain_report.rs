@@ -1,0 +1,144 @@
+//! The last drain's report, `last-drain.json` in the state directory: one
+//! typed outcome per workload, written before the drain exits so that
+//! `berth drain --last` and `berth status` can show it after the next boot.
+
+use std::io;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::paths::Root;
+
+/// How one workload's stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Outcome {
+    GracefulOff,
+    PoweredOff,
+    AlreadyOff,
+    ForcedOff,
+    TimedOut,
+    Failed,
+}
+
+impl Outcome {
+    pub fn message_id(self) -> &'static str {
+        match self {
+            Outcome::GracefulOff => "a0ddea6ee36c427990a5421dd1040be6",
+            Outcome::PoweredOff => "089fe267674d4f0ebf8dde1c34946cf4",
+            Outcome::AlreadyOff => "5fcdcfa2011b4cf1963341c3862f35f2",
+            Outcome::ForcedOff => "d74ad424d3bf40c6bf0b97994b7ba6a6",
+            Outcome::TimedOut => "77846b70b9fa45779ccea3898efdb420",
+            Outcome::Failed => "15a8acea34054433a36a0397e2cd9e99",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::GracefulOff => "GracefulOff",
+            Outcome::PoweredOff => "PoweredOff",
+            Outcome::AlreadyOff => "AlreadyOff",
+            Outcome::ForcedOff => "ForcedOff",
+            Outcome::TimedOut => "TimedOut",
+            Outcome::Failed => "Failed",
+        }
+    }
+
+    /// The journal field that counts this outcome in the summary.
+    pub fn count_field(self) -> &'static str {
+        match self {
+            Outcome::GracefulOff => "BERTH_GRACEFUL_OFF",
+            Outcome::PoweredOff => "BERTH_POWERED_OFF",
+            Outcome::AlreadyOff => "BERTH_ALREADY_OFF",
+            Outcome::ForcedOff => "BERTH_FORCED_OFF",
+            Outcome::TimedOut => "BERTH_TIMED_OUT",
+            Outcome::Failed => "BERTH_FAILED",
+        }
+    }
+
+    /// The drain stopped it: a transition in the workload's record.
+    pub fn stopped_it(self) -> bool {
+        matches!(
+            self,
+            Outcome::GracefulOff | Outcome::ForcedOff | Outcome::PoweredOff
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StopResult {
+    pub workload: String,
+    pub outcome: Outcome,
+    /// When its stop began, in ms since the drain began.
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    pub elapsed_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub started_at: String,
+    pub finished_at: String,
+    pub elapsed_ms: u64,
+    pub deadline_s: u64,
+    pub parallelism: u32,
+    pub deadline_reached: bool,
+    pub workloads: Vec<StopResult>,
+}
+
+impl Report {
+    /// How many workloads ended with each outcome, in outcome order.
+    pub fn counts(&self) -> std::collections::BTreeMap<Outcome, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for r in &self.workloads {
+            *counts.entry(r.outcome).or_default() += 1;
+        }
+        counts
+    }
+}
+
+pub fn path(root: &Root) -> PathBuf {
+    root.state_dir().join("last-drain.json")
+}
+
+pub fn write(root: &Root, report: &Report) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(report).map_err(io::Error::from)?;
+    super::atomic::write_json(&path(root), &bytes)
+}
+
+/// Why the last report cannot be shown.
+#[derive(Debug)]
+pub enum ReadError {
+    /// No drain recorded yet.
+    Missing(PathBuf),
+    Io(PathBuf, io::Error),
+    NotAReport(PathBuf, serde_json::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Missing(p) => write!(f, "no drain recorded yet ({} does not exist)", p.display()),
+            ReadError::Io(p, e) => write!(f, "cannot read {}: {e}", p.display()),
+            ReadError::NotAReport(p, e) => write!(f, "{}: not a drain report: {e}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// The report's text as stored, and the report parsed from it.
+pub fn read(root: &Root) -> Result<(String, Report), ReadError> {
+    let path = path(root);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing(path)),
+        Err(e) => return Err(ReadError::Io(path, e)),
+    };
+    match serde_json::from_str(&text) {
+        Ok(report) => Ok((text, report)),
+        Err(e) => Err(ReadError::NotAReport(path, e)),
+    }
+}

@@ -1,0 +1,137 @@
+//! Job results by job path. One task reads every JobRemoved signal and
+//! completes the waiter registered for that job; a job that finishes
+//! before its waiter registers (StartUnit returns after the job may have
+//! run) is kept in a short cache, so no result is missed.
+
+use std::collections::{HashMap, VecDeque};
+
+use tokio::sync::oneshot;
+
+use super::types::JobResult;
+
+enum Slot {
+    Waiting(oneshot::Sender<JobResult>),
+    Done(JobResult),
+}
+
+/// Finished jobs kept for waiters that register late; other clients' jobs
+/// arrive here too, so the cache is bounded.
+const DONE_CACHE: usize = 4096;
+
+#[derive(Default)]
+pub(super) struct Jobs {
+    slots: HashMap<String, Slot>,
+    /// Finished jobs nobody waited for yet, oldest first, for eviction.
+    done_order: VecDeque<String>,
+    closed: bool,
+}
+
+/// What a waiter gets back from [`Jobs::register`].
+pub(super) enum Registered {
+    Done(JobResult),
+    Waiting(oneshot::Receiver<JobResult>),
+}
+
+impl Jobs {
+    pub(super) fn complete(&mut self, path: String, result: JobResult) {
+        let result = match self.slots.remove(&path) {
+            // A waiter that gave up (timed out) dropped its receiver: keep
+            // the result for the next wait on the same job.
+            Some(Slot::Waiting(tx)) => match tx.send(result) {
+                Ok(()) => return,
+                Err(result) => result,
+            },
+            _ => result,
+        };
+        self.slots.insert(path.clone(), Slot::Done(result));
+        self.done_order.push_back(path);
+        while self.done_order.len() > DONE_CACHE {
+            if let Some(old) = self.done_order.pop_front()
+                && matches!(self.slots.get(&old), Some(Slot::Done(_)))
+            {
+                self.slots.remove(&old);
+            }
+        }
+    }
+
+    /// The connection closed: every waiter learns it now.
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+        for (_, slot) in self.slots.drain() {
+            if let Slot::Waiting(tx) = slot {
+                let _ = tx.send(JobResult::Disconnected);
+            }
+        }
+    }
+
+    pub(super) fn register(&mut self, path: &str) -> Registered {
+        match self.slots.remove(path) {
+            Some(Slot::Done(result)) => Registered::Done(result),
+            _ if self.closed => Registered::Done(JobResult::Disconnected),
+            _ => {
+                let (tx, rx) = oneshot::channel();
+                self.slots.insert(path.to_string(), Slot::Waiting(tx));
+                Registered::Waiting(rx)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(jobs: &mut Jobs, path: &str) -> Option<JobResult> {
+        match jobs.register(path) {
+            Registered::Done(r) => Some(r),
+            Registered::Waiting(_) => None,
+        }
+    }
+
+    #[test]
+    fn early_results_are_kept_for_late_waiters() {
+        let mut jobs = Jobs::default();
+        jobs.complete("/org/freedesktop/systemd1/job/7".into(), JobResult::Done);
+        assert_eq!(
+            done(&mut jobs, "/org/freedesktop/systemd1/job/7"),
+            Some(JobResult::Done)
+        );
+        let Registered::Waiting(mut rx) = jobs.register("/j/8") else {
+            panic!("nothing finished /j/8 yet")
+        };
+        jobs.complete("/j/8".into(), JobResult::Canceled);
+        assert_eq!(rx.try_recv().unwrap(), JobResult::Canceled);
+    }
+
+    #[test]
+    fn a_result_for_a_waiter_that_gave_up_is_kept() {
+        let mut jobs = Jobs::default();
+        let Registered::Waiting(rx) = jobs.register("/j/9") else {
+            panic!("nothing finished /j/9 yet")
+        };
+        drop(rx); // the wait timed out
+        jobs.complete("/j/9".into(), JobResult::Done);
+        assert_eq!(done(&mut jobs, "/j/9"), Some(JobResult::Done));
+    }
+
+    #[test]
+    fn the_done_cache_is_bounded() {
+        let mut jobs = Jobs::default();
+        for i in 0..(DONE_CACHE + 10) {
+            jobs.complete(format!("/j/{i}"), JobResult::Done);
+        }
+        assert_eq!(jobs.slots.len(), DONE_CACHE);
+        assert_eq!(done(&mut jobs, "/j/0"), None);
+    }
+
+    #[test]
+    fn a_closed_connection_answers_every_waiter() {
+        let mut jobs = Jobs::default();
+        let Registered::Waiting(mut rx) = jobs.register("/j/1") else {
+            panic!("nothing finished /j/1 yet")
+        };
+        jobs.close();
+        assert_eq!(rx.try_recv().unwrap(), JobResult::Disconnected);
+        assert_eq!(done(&mut jobs, "/j/2"), Some(JobResult::Disconnected));
+    }
+}

@@ -1,0 +1,248 @@
+//! [`Ops`]: everything berth asks of the service manager, as one trait.
+//! [`Systemd`] implements it over the proxies; `fake::FakeOps` implements
+//! it on tokio's paused clock for unit tests of the helpers' scheduling.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use zbus::proxy::CacheProperties;
+
+use super::connection::Systemd;
+use super::error::SystemdError;
+use super::jobs::Registered;
+use super::proxies::{JobProxy, SERVICE_INTERFACE, UNIT_INTERFACE, UnitProxy};
+use super::types::{
+    ActiveState, Change, ExitCode, Job, JobResult, JobType, LoadState, ServiceResult, UnitDetails,
+    UnitFileState, UnitStatus, UnitTopology,
+};
+use crate::names::WORKLOAD_PATTERN;
+
+/// What berth needs from the manager.
+#[allow(async_fn_in_trait)]
+pub trait Ops {
+    /// Every loaded `berth@*.service`.
+    async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError>;
+    async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError>;
+    /// The unit's state and, for a service, its main process and last exit.
+    async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError>;
+    /// Dependencies and protections, for `berth check --live`.
+    async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError>;
+    /// The JobType of a job, if it still exists.
+    async fn job_type(&self, job: &str) -> Option<JobType>;
+    async fn unit_file_state(&self, unit: &str) -> Result<UnitFileState, SystemdError>;
+
+    async fn start(&self, unit: &str) -> Result<Job, SystemdError>;
+    async fn stop(&self, unit: &str) -> Result<Job, SystemdError>;
+    /// SIGKILL to every process of the unit.
+    async fn kill(&self, unit: &str) -> Result<(), SystemdError>;
+    async fn cancel(&self, unit: &str, job: &Job) -> Result<(), SystemdError>;
+    /// Waits for a job to finish, up to `limit`; `None` on timeout.
+    async fn wait(&self, job: &Job, limit: Option<Duration>) -> Option<JobResult>;
+
+    /// `systemctl daemon-reload`: reruns the generators, reloads units.
+    async fn reload(&self) -> Result<(), SystemdError>;
+    /// `systemctl enable` without the reload.
+    async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl disable` without the reload.
+    async fn disable_unit_file(&self, unit: &str) -> Result<(), SystemdError>;
+
+    /// Unit state changes and new jobs, as they happen.
+    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError>;
+}
+
+fn job(path: zbus::OwnedObjectPath) -> Job {
+    let path = path.as_str().to_string();
+    let id = path.rsplit('/').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    Job { path, id }
+}
+
+impl Ops for Systemd {
+    async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError> {
+        let rows = self
+            .bounded(
+                "ListUnitsByPatterns",
+                WORKLOAD_PATTERN,
+                self.manager.list_units_by_patterns(&[], &[WORKLOAD_PATTERN]),
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|u| UnitStatus {
+                load_state: LoadState::from(u.load_state),
+                active_state: ActiveState::from(u.active_state),
+                sub_state: u.sub_state,
+                path: u.path.as_str().to_string(),
+                name: u.name,
+            })
+            .collect())
+    }
+
+    async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError> {
+        let path = self
+            .bounded("LoadUnit", unit, self.manager.load_unit(unit))
+            .await?;
+        let proxy = UnitProxy::builder(&self.conn)
+            .path(path)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| SystemdError::new("LoadUnit", unit, e))?;
+        let state = self
+            .bounded("Get ActiveState of", unit, proxy.active_state())
+            .await?;
+        Ok(ActiveState::from(state))
+    }
+
+    async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
+        let properties = self.unit_properties(unit).await?;
+        let u = self
+            .bounded("GetAll Unit of", unit, properties.unit(UNIT_INTERFACE))
+            .await?;
+        let mut details = UnitDetails {
+            load_state: LoadState::from(u.load_state),
+            active_state: ActiveState::from(u.active_state),
+            job_id: u.job.0,
+            invocation_id: u.invocation_id.iter().map(|b| format!("{b:02x}")).collect(),
+            ..Default::default()
+        };
+        if unit.ends_with(".service") && details.load_state == LoadState::Loaded {
+            let s = self
+                .bounded("GetAll Service of", unit, properties.service(SERVICE_INTERFACE))
+                .await?;
+            details.result = ServiceResult::from(s.result);
+            details.exec_main_code = ExitCode::from_code(s.exec_main_code);
+            details.exec_main_status = s.exec_main_status;
+            details.main_pid = s.main_pid;
+        }
+        Ok(details)
+    }
+
+    async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {
+        let properties = self.unit_properties(unit).await?;
+        let u = self
+            .bounded("GetAll Unit of", unit, properties.unit(UNIT_INTERFACE))
+            .await?;
+        let mut t = UnitTopology {
+            load_state: LoadState::from(u.load_state),
+            active_state: ActiveState::from(u.active_state),
+            requires: u.requires,
+            requisite: u.requisite,
+            stop_propagated_from: u.stop_propagated_from.unwrap_or_default(),
+            binds_to: u.binds_to,
+            part_of: u.part_of,
+            conflicts: u.conflicts,
+            conflicted_by: u.conflicted_by,
+            after: u.after,
+            drop_ins: u.drop_in_paths,
+            refuse_manual_stop: u.refuse_manual_stop,
+            ignore_on_isolate: u.ignore_on_isolate,
+            ..Default::default()
+        };
+        if unit.ends_with(".service") && t.load_state == LoadState::Loaded {
+            let s = self
+                .bounded("GetAll Service of", unit, properties.service(SERVICE_INTERFACE))
+                .await?;
+            t.slice = s.slice;
+            t.timeout_stop_us = s.timeout_stop_usec;
+            t.exec_stop = s.exec_stop.into_iter().map(|c| c.argv).collect();
+        }
+        Ok(t)
+    }
+
+    async fn job_type(&self, job: &str) -> Option<JobType> {
+        let proxy = JobProxy::builder(&self.conn)
+            .path(job)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .ok()?;
+        let kind = self.bounded("Get JobType of", job, proxy.job_type()).await.ok()?;
+        Some(JobType::from(kind))
+    }
+
+    async fn unit_file_state(&self, unit: &str) -> Result<UnitFileState, SystemdError> {
+        let state = self
+            .bounded("GetUnitFileState", unit, self.manager.get_unit_file_state(unit))
+            .await?;
+        Ok(UnitFileState::from(state))
+    }
+
+    async fn start(&self, unit: &str) -> Result<Job, SystemdError> {
+        let path = self
+            .bounded("StartUnit", unit, self.manager.start_unit(unit, "replace"))
+            .await?;
+        Ok(job(path))
+    }
+
+    async fn stop(&self, unit: &str) -> Result<Job, SystemdError> {
+        let path = self
+            .bounded("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
+            .await?;
+        Ok(job(path))
+    }
+
+    async fn kill(&self, unit: &str) -> Result<(), SystemdError> {
+        self.bounded("KillUnit", unit, self.manager.kill_unit(unit, "all", 9))
+            .await
+    }
+
+    async fn cancel(&self, unit: &str, job: &Job) -> Result<(), SystemdError> {
+        self.bounded("CancelJob", unit, self.manager.cancel_job(job.id))
+            .await
+    }
+
+    async fn wait(&self, job: &Job, limit: Option<Duration>) -> Option<JobResult> {
+        let registered = match self.jobs.lock() {
+            Ok(mut jobs) => jobs.register(&job.path),
+            Err(_) => Registered::Done(JobResult::Disconnected),
+        };
+        let rx = match registered {
+            Registered::Done(result) => return Some(result),
+            Registered::Waiting(rx) => rx,
+        };
+        let result = match limit {
+            Some(limit) => tokio::time::timeout(limit, rx).await.ok()?,
+            None => rx.await,
+        };
+        Some(result.unwrap_or(JobResult::Disconnected))
+    }
+
+    async fn reload(&self) -> Result<(), SystemdError> {
+        self.bounded("Reload", "the manager", self.manager.reload()).await
+    }
+
+    async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError> {
+        self.bounded(
+            "EnableUnitFiles",
+            unit,
+            self.manager.enable_unit_files(&[unit], false, false),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn disable_unit_file(&self, unit: &str) -> Result<(), SystemdError> {
+        self.bounded(
+            "DisableUnitFiles",
+            unit,
+            self.manager.disable_unit_files(&[unit], false),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
+        self.watch_changes().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_come_from_the_path() {
+        let path = zbus::OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/4242").unwrap();
+        assert_eq!(job(path).id, 4242);
+    }
+}
