@@ -3,6 +3,7 @@
 //! value goes through.
 
 use std::fmt::Write as _;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::config::{Loaded, Workload, WorkloadKind};
@@ -151,11 +152,34 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
     out
 }
 
+/// A config file's path on the product (`/etc/...`, without the test
+/// root) as unit text: `%` doubled (SourcePath= expands specifiers), and
+/// any control character or non-UTF-8 byte escaped as `\xNN`. Discovery
+/// already refuses such paths; this keeps every caller safe regardless.
 fn product_path(root: &Root, path: &Path) -> String {
-    match path.strip_prefix(root.dir()) {
-        Ok(rel) => format!("/{}", rel.display()),
-        Err(_) => path.display().to_string(),
+    let rel = match path.strip_prefix(root.dir()) {
+        Ok(rel) => Path::new("/").join(rel),
+        Err(_) => path.to_path_buf(),
+    };
+    let mut out = String::new();
+    for chunk in rel.as_os_str().as_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '%' => out.push_str("%%"),
+                c if c.is_control() => {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        let _ = write!(out, "\\x{b:02x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
     }
+    out
 }
 
 pub fn workload_drop_in(root: &Root, w: &Workload) -> String {

@@ -238,3 +238,34 @@ fn drain_json_goes_with_dry_run_or_last() {
         String::from_utf8_lossy(&o.stdout)
     );
 }
+
+#[test]
+fn freeze_refuses_a_typo_unless_forced() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("etc/berth/workloads");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("web.toml"),
+        "exec = [\"/usr/bin/sleep\", \"infinity\"]\n",
+    )
+    .unwrap();
+    let o = run(berth_bin(), &["freeze", "webb"], Some(root.path()));
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no workload \"webb\" is configured"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!root.path().join("var/lib/berth/freeze/instance/webb").exists());
+    let o = run(berth_bin(), &["freeze", "webb", "--force"], Some(root.path()));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(berth_bin(), &["freeze", "web"], Some(root.path()));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+#[test]
+fn a_mistyped_verb_gets_a_suggestion() {
+    let o = run(berth_bin(), &["stauts"], None);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("status"), "{}", stderr(&o));
+}

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,8 +18,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
 use super::routes::{Reply, route};
 use super::{Event, Shared};
@@ -39,26 +40,56 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const STREAM_QUEUE: usize = 16;
 /// After a failed accept (out of file descriptors), wait before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Connections served at once. Beyond it a connection gets a slot kept for
+/// `/healthz` while one is free, else a 503 and is closed; the unit's
+/// LimitNOFILE= leaves room for all of them and the daemon's own.
+pub(super) const MAX_CONNECTIONS: usize = 128;
+/// Slots kept for `/healthz` (other paths get 503 there) when every
+/// connection slot is taken, so a monitor can still tell a busy daemon
+/// from a dead one.
+pub(super) const RESERVED_FOR_HEALTH: usize = 4;
+/// Event streams at once, within [`MAX_CONNECTIONS`]; beyond it, 503.
+pub(super) const MAX_STREAMS: usize = 64;
+/// How long a refused connection may take to accept its 503.
+const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type ResponseBody = BoxBody<Bytes, Infallible>;
 
-/// Binds the socket (replacing a stale one) with mode 0660, group `berth`
-/// when it exists, in a 0750 directory; serves on a thread of its own.
+/// Binds the socket with mode 0660, group `berth` when it exists; serves
+/// on a thread of its own. `[daemon] socket` is the admin's to choose, so
+/// berth touches only what is its own: the directory only when it creates
+/// it (0750, group `berth`), and only a stale socket at the path (the
+/// single-instance lock rules out a live daemon behind it); anything else
+/// there is an error, left as it is.
 pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
-    if let Some(dir) = path.parent() {
+    let group = nix::unistd::Group::from_name("berth")
+        .ok()
+        .flatten()
+        .map(|g| g.gid);
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+        if group.is_some() {
+            let _ = nix::unistd::chown(dir, None, group);
+        }
     }
-    if std::fs::symlink_metadata(path).is_ok() {
-        std::fs::remove_file(path)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "something other than a socket is there; left in place",
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
     let std_listener = std::os::unix::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    if let Ok(Some(group)) = nix::unistd::Group::from_name("berth") {
-        let _ = nix::unistd::chown(path, None, Some(group.gid));
-        if let Some(dir) = path.parent() {
-            let _ = nix::unistd::chown(dir, None, Some(group.gid));
-        }
+    if group.is_some() {
+        let _ = nix::unistd::chown(path, None, group);
     }
     std_listener.set_nonblocking(true)?;
     let rt = crate::systemd::runtime()?;
@@ -79,57 +110,125 @@ pub fn stop(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 
+/// What a connection may do, by the slot it got.
+#[derive(Clone, Copy, PartialEq)]
+enum Slot {
+    Full,
+    /// Every full slot was taken: `/healthz` only, one request.
+    HealthOnly,
+}
+
+/// The server's limits, shared by its connections.
+struct Limits {
+    connections: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+}
+
 async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
     let mut http = http1::Builder::new();
     // hyper needs a timer for its header-read timeout (it panics without).
+    // The timeout is a deadline for the whole head, from the moment hyper
+    // waits for it: a client trickling bytes, or idling between requests
+    // on a kept-alive connection, is disconnected.
     http.timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
         .keep_alive(true)
         .max_buf_size(MAX_HEAD)
         // The header spelling clients saw before hyper.
         .title_case_headers(true);
+    let mut health_only = http.clone();
+    health_only.keep_alive(false);
+    let limits = Arc::new(Limits {
+        connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        reserved: Arc::new(Semaphore::new(RESERVED_FOR_HEALTH)),
+        streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+    });
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
+            // Out of descriptors, most likely: retrying at once would spin.
             Err(_) => {
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
-        let shared = shared.clone();
-        let connection = http.serve_connection(
+        let (slot, permit) = match limits.connections.clone().try_acquire_owned() {
+            Ok(permit) => (Slot::Full, permit),
+            Err(_) => match limits.reserved.clone().try_acquire_owned() {
+                Ok(permit) => (Slot::HealthOnly, permit),
+                Err(_) => {
+                    tokio::spawn(refuse(stream));
+                    continue;
+                }
+            },
+        };
+        let (shared, limits) = (shared.clone(), limits.clone());
+        let builder = if slot == Slot::Full { &http } else { &health_only };
+        let connection = builder.serve_connection(
             TokioIo::new(stream),
             service_fn(move |request| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(answer(&request, shared)) }
+                let answer = answer(&request, &shared, &limits, slot);
+                async move { Ok::<_, Infallible>(answer) }
             }),
         );
-        tokio::spawn(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
     }
 }
 
-fn answer(request: &Request<Incoming>, shared: Arc<Shared>) -> Response<ResponseBody> {
-    let head = request.method() == Method::HEAD;
-    match route(request.method(), request.uri().path(), &shared, SystemTime::now()) {
-        Reply::Json(status, body) => {
-            let text = body.to_string();
-            let mut response = Response::new(Full::new(Bytes::from(text)).boxed());
-            *response.status_mut() = status;
-            let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            if status == StatusCode::METHOD_NOT_ALLOWED {
-                headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-            }
-            response
-        }
+/// Over every limit: a 503 without reading the request, then close.
+async fn refuse(mut stream: tokio::net::UnixStream) {
+    const BODY: &str = r#"{"error":"too many connections"}"#;
+    let text = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, stream.write_all(text.as_bytes())).await;
+}
+
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<ResponseBody> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    response
+}
+
+fn answer(
+    request: &Request<Incoming>,
+    shared: &Arc<Shared>,
+    limits: &Limits,
+    slot: Slot,
+) -> Response<ResponseBody> {
+    let path = request.uri().path();
+    if slot == Slot::HealthOnly && path != "/healthz" {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"error": "too many connections; only /healthz is answered"}),
+        );
+    }
+    match route(request.method(), path, shared, SystemTime::now()) {
+        Reply::Json(status, body) => json(status, &body),
         Reply::Events => {
-            let body = if head {
+            let body = if request.method() == Method::HEAD {
                 Empty::new().boxed()
             } else {
+                let Ok(permit) = limits.streams.clone().try_acquire_owned() else {
+                    return json(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &serde_json::json!({"error": "too many event streams"}),
+                    );
+                };
                 // Subscribe before the snapshot: nothing falls in between.
                 let events = shared.subscribe();
                 let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-                tokio::spawn(feed(shared, events, tx));
+                tokio::spawn(feed(shared.clone(), events, tx, permit));
                 EventStream { rx }.boxed()
             };
             let mut response = Response::new(body);
@@ -162,7 +261,12 @@ impl Body for EventStream {
 
 /// Feeds one event stream: a `sync` snapshot, then each change, and a
 /// comment when idle. Ends when the reader goes away or stops reading.
-async fn feed(shared: Arc<Shared>, mut events: broadcast::Receiver<Event>, tx: mpsc::Sender<Bytes>) {
+async fn feed(
+    shared: Arc<Shared>,
+    mut events: broadcast::Receiver<Event>,
+    tx: mpsc::Sender<Bytes>,
+    _stream_slot: OwnedSemaphorePermit,
+) {
     if put(&tx, sync_frame(&shared)).await.is_err() {
         return;
     }
@@ -285,6 +389,116 @@ mod tests {
         assert!(
             out.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
             "{out}"
+        );
+    }
+
+    /// Issue 10, defect 4: `[daemon] socket` chmodded an existing 1777
+    /// directory to 0750 and deleted a regular file at the socket path.
+    #[test]
+    fn only_berths_own_directory_and_a_stale_socket_are_touched() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let shared_dir = dir.path().join("tmp");
+        std::fs::create_dir(&shared_dir).unwrap();
+        std::fs::set_permissions(&shared_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let file = shared_dir.join("precious");
+        std::fs::write(&file, "data").unwrap();
+
+        let e = start(&file, Shared::new(Duration::from_secs(10))).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+
+        let sock = shared_dir.join("api.sock");
+        start(&sock, Shared::new(Duration::from_secs(10))).unwrap();
+        assert_eq!(std::fs::metadata(&shared_dir).unwrap().mode() & 0o7777, 0o1777);
+        // A stale socket (a daemon that was killed) is replaced.
+        start(&sock, Shared::new(Duration::from_secs(10))).unwrap();
+
+        let own = dir.path().join("berthd/api.sock");
+        start(&own, Shared::new(Duration::from_secs(10))).unwrap();
+        assert_eq!(
+            std::fs::metadata(own.parent().unwrap()).unwrap().mode() & 0o7777,
+            0o750
+        );
+    }
+
+    /// Issue 10, defect 3: no cap on connections or streams.
+    #[test]
+    fn connections_are_capped_and_healthz_keeps_a_slot() {
+        let (_dir, path, shared) = serve();
+        shared.passed(SystemTime::now(), crate::daemon::health::Health::default());
+        // Every full slot taken by a client that sends nothing.
+        let idle: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let out = exchange(&path, "GET /healthz HTTP/1.1\r\nHost: b\r\n\r\n");
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\n"),
+            "the reserved slot answers /healthz: {out}"
+        );
+        let out = exchange(&path, "GET /v1/workloads HTTP/1.1\r\nHost: b\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{out}");
+        assert!(out.contains("only /healthz"), "{out}");
+        let more: Vec<UnixStream> = (0..RESERVED_FOR_HEALTH)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let out = exchange(&path, "GET /healthz HTTP/1.1\r\nHost: b\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{out}");
+        assert!(out.contains("too many connections"), "{out}");
+        drop(idle);
+        drop(more);
+    }
+
+    #[test]
+    fn event_streams_are_capped() {
+        let (_dir, path, _shared) = serve();
+        let mut streams = Vec::new();
+        for _ in 0..MAX_STREAMS {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /v1/events HTTP/1.1\r\nHost: b\r\n\r\n")
+                .unwrap();
+            let mut buf = [0u8; 4096];
+            let mut seen = String::new();
+            while !seen.contains("event: sync") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "{seen}");
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            streams.push(s);
+        }
+        let out = exchange(
+            &path,
+            "GET /v1/events HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n",
+        );
+        assert!(out.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{out}");
+        assert!(out.contains("too many event streams"), "{out}");
+    }
+
+    /// Issue 10, defect 3: the 5 s limit was per read, so one byte every
+    /// 4 s kept a connection for as long as the client liked.
+    #[test]
+    fn a_trickled_request_head_is_cut_off_at_the_deadline() {
+        let (_dir, path, _shared) = serve();
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut writer = s.try_clone().unwrap();
+        let began = std::time::Instant::now();
+        std::thread::spawn(move || {
+            let _ = writer.write_all(b"GET /healthz HTTP/1.1\r\n");
+            for _ in 0..30 {
+                std::thread::sleep(Duration::from_millis(500));
+                if writer.write_all(b"X: y\r\n").is_err() {
+                    return;
+                }
+            }
+        });
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        let took = began.elapsed();
+        assert!(
+            took >= HEAD_TIMEOUT - Duration::from_millis(500) && took < HEAD_TIMEOUT + Duration::from_secs(2),
+            "closed after {took:?}"
         );
     }
 

@@ -6,7 +6,18 @@ use crate::names::{is_valid_workload_name, unit_name};
 use crate::paths::Root;
 use crate::state::freeze;
 
-pub(super) fn freeze(root: &Root, name: Option<&str>, reason: &str) -> i32 {
+pub(super) fn freeze(root: &Root, name: Option<&str>, reason: &str, force: bool) -> i32 {
+    // A typo (`webb`) would freeze nothing and say nothing about it.
+    if let Some(n) = name
+        && !force
+        && is_valid_workload_name(n)
+        && crate::config::load(root).workload(n).is_none()
+    {
+        say_error(&format!(
+            "berth freeze: no workload {n:?} is configured; --force freezes it anyway"
+        ));
+        return 1;
+    }
     freeze_cmd(root, name, Some(reason))
 }
 

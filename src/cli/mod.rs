@@ -94,6 +94,9 @@ enum Verb {
         /// Why, shown by berth status and berth check.
         #[arg(long, default_value = "")]
         reason: String,
+        /// Freeze NAME although no workload of that name is configured (yet).
+        #[arg(long, requires = "name")]
+        force: bool,
     },
     /// Remove the node's or a workload's freeze.
     Thaw { name: Option<String> },
@@ -173,7 +176,9 @@ pub fn main() -> i32 {
         } => with_root(root, |r| {
             daemon::run(r, foreground, reconcile_interval, no_api, gc_interval)
         }),
-        Verb::Freeze { name, reason } => with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason)),
+        Verb::Freeze { name, reason, force } => {
+            with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason, force))
+        }
         Verb::Thaw { name } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
         Verb::List { json } => with_root(root, |r| list::run(r, None, json)),
         Verb::Inspect { name, json } => with_root(root, |r| list::run(r, Some(name), json)),

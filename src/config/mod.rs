@@ -53,15 +53,31 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = shown_path(&self.file);
         match &self.key {
             // Keys come from the file: anything beyond a plain key path is
             // shown quoted, so a key cannot forge a line of output.
-            Some(key) if !is_plain_key(key) => {
-                write!(f, "{}: {:?}: {}", self.file.display(), key, self.reason)
-            }
-            Some(key) => write!(f, "{}: {}: {}", self.file.display(), key, self.reason),
-            None => write!(f, "{}: {}", self.file.display(), self.reason),
+            Some(key) if !is_plain_key(key) => write!(f, "{file}: {key:?}: {}", self.reason),
+            Some(key) => write!(f, "{file}: {key}: {}", self.reason),
+            None => write!(f, "{file}: {}", self.reason),
         }
+    }
+}
+
+/// Whether a path can be written into a unit file or a log line as it
+/// is: UTF-8 without control characters (a newline would start a line of
+/// its own).
+pub fn is_representable(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| !s.chars().any(char::is_control))
+}
+
+/// A path for a message: as it is when representable, else quoted with
+/// escapes (`"a\n[Service]"`), so a file name cannot forge a line.
+pub fn shown_path(path: &Path) -> String {
+    if is_representable(path) {
+        path.display().to_string()
+    } else {
+        format!("{path:?}")
     }
 }
 

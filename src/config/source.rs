@@ -31,7 +31,7 @@ pub struct Discovered {
 
 pub fn discover(root: &Root) -> Discovered {
     let mut found = discover_host(root);
-    let dirs = root.config_dirs();
+    let dirs = usable_dirs(root, &mut found.errors);
 
     let (workloads, masked) = winners(
         &dirs.iter().map(|d| d.join(WORKLOAD_DIR)).collect::<Vec<_>>(),
@@ -64,7 +64,7 @@ const DEV_NULL: u64 = (1 << 8) | 3;
 /// The host files only.
 pub fn discover_host(root: &Root) -> Discovered {
     let mut found = Discovered::default();
-    let dirs = root.config_dirs();
+    let dirs = usable_dirs(root, &mut found.host_errors);
     for dir in &dirs {
         let path = dir.join(HOST_FILE);
         match entry_state(&path) {
@@ -88,6 +88,25 @@ pub fn discover_host(root: &Root) -> Discovered {
     found.host_files.extend(fragments.into_values());
 
     found
+}
+
+/// The config directories whose paths can go into unit files; another
+/// (a user's `XDG_CONFIG_HOME` with a newline in it) is refused, once.
+fn usable_dirs(root: &Root, errors: &mut Vec<ConfigError>) -> Vec<PathBuf> {
+    root.config_dirs()
+        .into_iter()
+        .filter(|dir| {
+            let inside = dir.strip_prefix(root.dir()).unwrap_or(dir);
+            let usable = super::is_representable(inside);
+            if !usable {
+                errors.push(ConfigError::file(
+                    dir,
+                    "directory path is not UTF-8 or contains a control character; its files are ignored",
+                ));
+            }
+            usable
+        })
+        .collect()
 }
 
 /// The winning file of one workload, without listing every directory.
@@ -163,6 +182,15 @@ fn winners(dirs: &[PathBuf], errors: &mut Vec<ConfigError>) -> (BTreeMap<String,
                 continue;
             }
             let path = entry.path();
+            // Its path goes into unit files (SourcePath=, headers) and log
+            // lines: a control character there would forge lines.
+            if file_name.chars().any(char::is_control) {
+                errors.push(ConfigError::file(
+                    &path,
+                    "file name contains a control character; ignored",
+                ));
+                continue;
+            }
             match entry_state(&path) {
                 Entry::Missing => {}
                 Entry::Masked => {

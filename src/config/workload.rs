@@ -261,6 +261,16 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
         );
         return None;
     }
+    // Quoting adds bytes the sum above does not count (an empty argument
+    // takes three): bound the line systemd will read.
+    let line = crate::render::exec_line(&out).len();
+    if line > MAX_EXEC_LINE {
+        r.error(
+            key,
+            format!("renders to a command line of {line} bytes; at most {MAX_EXEC_LINE}"),
+        );
+        return None;
+    }
     if let Err(why) = check_program(&out[0]) {
         r.error(&format!("{key}[0]"), format!("{:?} {why}", out[0]));
         return None;
@@ -272,6 +282,10 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
 /// at most doubles it, which keeps every generated line far below the
 /// 1 MiB at which systemd stops reading a unit file.
 pub const MAX_VALUE_LEN: usize = 128 * 1024;
+
+/// The longest `ExecStart=`/`ExecStop=` value once quoted: a quarter of
+/// the 1 MiB line at which systemd stops reading a unit file.
+pub const MAX_EXEC_LINE: usize = 256 * 1024;
 
 /// What systemd accepts as the program of ExecStart=: an absolute,
 /// normalized path to a file (not a directory), or a bare name that systemd
@@ -558,6 +572,14 @@ mod tests {
         }
         let long = format!("exec = [\"/x\", \"{}\"]", "a".repeat(MAX_VALUE_LEN));
         assert!(load_text(&long).unwrap_err()[0].contains("at most 131072"));
+        // Issue 10, defect 6: 400,000 empty words are 0 bytes of argument
+        // and a 1.2 MB line.
+        let empties = format!("exec = [\"/usr/bin/app\"{}]", ", \"\"".repeat(400_000));
+        let e = load_text(&empties).unwrap_err();
+        assert!(
+            e[0].contains("renders to a command line of 12") && e[0].contains("bytes; at most 262144"),
+            "{e:?}"
+        );
         let long_name = format!("exec = [\"/{}\"]", "a".repeat(256));
         assert!(load_text(&long_name).unwrap_err()[0].contains("longer than 255"));
     }

@@ -49,6 +49,7 @@ pub struct Options {
 /// Why the daemon could not start.
 #[derive(Debug)]
 pub enum StartError {
+    RuntimeDir(std::io::Error),
     Instance(InstanceError),
     Runtime(std::io::Error),
     Connect(SystemdError),
@@ -59,6 +60,7 @@ pub enum StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            StartError::RuntimeDir(e) => write!(f, "cannot prepare the runtime directory: {e}"),
             StartError::Instance(e) => write!(f, "{e}"),
             StartError::Runtime(e) => write!(f, "cannot start the async runtime: {e}"),
             StartError::Connect(e) => write!(f, "cannot reach systemd: {e}"),
@@ -86,8 +88,23 @@ impl Exit {
     }
 }
 
+/// berth's runtime directory (`/run/berthd`): 0750, group `berth` when
+/// that group exists, so its members reach the API socket inside; the
+/// locks beside it sit in a 0700 directory of their own.
+fn own_runtime_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+    if let Ok(Some(group)) = nix::unistd::Group::from_name("berth") {
+        // Fails for a user manager whose user is not in the group: harmless.
+        let _ = nix::unistd::chown(dir, None, Some(group.gid));
+    }
+    Ok(())
+}
+
 /// Runs the supervisor until SIGTERM or a relaunch.
 pub fn main(root: &Root, options: Options) -> Result<Exit, StartError> {
+    own_runtime_dir(&root.runtime_dir()).map_err(StartError::RuntimeDir)?;
     let _instance = lock::single_instance(root).map_err(StartError::Instance)?;
     let rt = crate::systemd::runtime().map_err(StartError::Runtime)?;
     rt.block_on(async {
@@ -175,8 +192,14 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                     sup.events.warn("BERTH_DAEMON_FAULT=hang: the loop stops here (test hook)");
                     loop { std::thread::sleep(Duration::from_secs(3600)); }
                 }
-                if watchdog.is_some() {
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                // sd_notify opens a socket per call: with no descriptor
+                // left the ping fails, and systemd would kill a healthy
+                // loop. The API's caps keep descriptors free; a failure
+                // is said, not swallowed.
+                if watchdog.is_some()
+                    && let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Watchdog])
+                {
+                    sup.events.warn(&format!("watchdog ping failed: {e}"));
                 }
             }
             _ = sigterm.recv() => return Ok(leave(&sup.events, &socket, Exit::Stopped, "")),

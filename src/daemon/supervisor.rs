@@ -178,7 +178,10 @@ impl<O: Ops> Supervisor<O> {
                 active_state,
                 ..Default::default()
             },
-            None => self.details(&unit).await,
+            None => match self.details(&unit).await {
+                Some(details) => details,
+                None => return self.deferred.push(name.to_string()),
+            },
         };
         let Some(now) = Settled::of(&details.active_state) else {
             return;
@@ -186,7 +189,10 @@ impl<O: Ops> Supervisor<O> {
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() {
-            details = self.details(&unit).await;
+            details = match self.details(&unit).await {
+                Some(details) => details,
+                None => return self.deferred.push(name.to_string()),
+            };
         } else if details.invocation_id.is_empty() && self.api.is_some() {
             self.fill.push_back(name.to_string());
         }
@@ -330,10 +336,12 @@ impl<O: Ops> Supervisor<O> {
             let Some(name) = file.strip_suffix(".json") else {
                 continue;
             };
-            if name.starts_with('.') || self.live_names.contains(name) {
+            if !crate::names::is_valid_workload_name(name) || self.live_names.contains(name) {
                 continue;
             }
-            if let Ok(lock) = lock::workload(&self.root, name)
+            // Never waited on inside the loop: a held lock means someone is
+            // writing this record; the next sweep sees it again.
+            if let Ok(lock) = lock::try_workload(&self.root, name)
                 && std::fs::remove_file(entry.path()).is_ok()
             {
                 drop(lock);
@@ -344,10 +352,19 @@ impl<O: Ops> Supervisor<O> {
         }
     }
 
-    /// An observation that fails reads as inactive (see the hardening issue
-    /// for why that is to change).
-    async fn details(&self, unit: &str) -> UnitDetails {
-        self.sd.details(unit).await.unwrap_or_default()
+    /// The unit's details, or None when systemd did not answer (a call
+    /// timing out during a long daemon-reload, a full bus): an
+    /// inconclusive observation is never an exit, so the caller defers
+    /// the workload to the next pass instead of recording anything.
+    async fn details(&self, unit: &str) -> Option<UnitDetails> {
+        match self.sd.details(unit).await {
+            Ok(details) => Some(details),
+            Err(e) => {
+                self.events
+                    .warn(&format!("cannot observe {unit}: {e}; looked at again next pass"));
+                None
+            }
+        }
     }
 
     /// Completes one workload's API view with its MainPID and InvocationID.
@@ -355,7 +372,9 @@ impl<O: Ops> Supervisor<O> {
         let Some(name) = self.fill.pop_front() else { return };
         let Some(api) = &self.api else { return };
         let unit = names::unit_name(&name);
-        let details = self.details(&unit).await;
+        let Some(details) = self.details(&unit).await else {
+            return;
+        };
         let record = records::load(&self.root, &name).ok().flatten();
         api.publish(WorkloadView {
             name,
@@ -379,5 +398,40 @@ fn exit_cause(d: &UnitDetails) -> ExitCause {
         result: d.result.to_string(),
         code: d.exec_main_code.as_str().into(),
         status: d.exec_main_status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::records::TransitionReason;
+    use crate::systemd::fake::{Behaviour, FakeOps};
+
+    /// Issue 10: a details() call that failed read as inactive, so a
+    /// running workload got a false unexpected-exit record.
+    #[tokio::test]
+    async fn an_observation_that_fails_is_not_an_exit() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Running;
+            r.last_transition_reason = TransitionReason::Boot;
+            true
+        })
+        .unwrap();
+        let before = records::load(&root, "web").unwrap().unwrap();
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        ops.unanswered.borrow_mut().push(names::unit_name("web"));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.reconcile("web", SeenBy::Signal, None).await;
+        let after = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(after.state, RecordState::Running);
+        assert_eq!(after.transition_generation, before.transition_generation);
+        assert_eq!(sup.deferred, ["web"], "looked at again next pass");
+
+        // Answered again: nothing happened, nothing is recorded.
+        sup.sd.unanswered.borrow_mut().clear();
+        sup.reconcile("web", SeenBy::Signal, None).await;
+        let again = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(again.transition_generation, before.transition_generation);
     }
 }

@@ -114,6 +114,10 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
     report
 }
 
+/// How long a stop waits for its workload's lock (held for a moment by
+/// the supervisor or a helper writing the record).
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+
 /// Stops one workload. `root` given: its lock is taken first and handed back
 /// with the result, so that the supervisor does not record this stop as
 /// someone else's before the drain has recorded it.
@@ -124,9 +128,16 @@ async fn stop_one<O: Ops>(
     drain_began: Instant,
     deadline: Instant,
 ) -> (StopResult, Option<std::fs::File>) {
-    let lock = root
-        .filter(|_| t.running)
-        .and_then(|root| lock::workload(root, &t.name).ok());
+    // Waited on without blocking the runtime, and never past the budget:
+    // a lock someone holds delays neither this stop nor the others, and
+    // the stop goes ahead without it.
+    let lock = match root.filter(|_| t.running) {
+        Some(root) => {
+            let wait = LOCK_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+            lock::workload_within(root, &t.name, wait).await.ok()
+        }
+        None => None,
+    };
     let began = Instant::now();
     let (outcome, code, detail) = if !t.running {
         (Outcome::AlreadyOff, None, None)

@@ -2,6 +2,7 @@
 //! journal (with a MESSAGE_ID the shipped catalog explains) as soon as its
 //! stop ends, then a summary and `last-drain.json`.
 
+use std::io;
 use std::time::SystemTime;
 
 use crate::config::Loaded;
@@ -81,9 +82,15 @@ pub(super) fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, 
         }
         transition
     };
+    // Without the stop's lock, only if it is free now: bookkeeping never
+    // delays the stops still to come.
     let recorded = match lock {
         Some(lock) => records::update_locked(root, &r.workload, lock, change),
-        None => records::update(root, &r.workload, change),
+        None => records::try_update(root, &r.workload, change).and_then(|updated| {
+            updated.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::WouldBlock, "its lock is held; record not updated")
+            })
+        }),
     };
     events.recorded(&r.workload, recorded);
     let mut fields = vec![

@@ -1,13 +1,20 @@
-//! The one lock primitive: `flock` on a file under the runtime directory,
-//! never waited on past a bound (a holder that never lets go must not hang
-//! a drain).
+//! The one lock primitive: `flock` on a file in a directory only the
+//! manager's user can enter, never waited on past a bound (a holder that
+//! never lets go must not hang a drain).
 //!
-//! - A workload's lock (`locks/NAME`), held while its record is read and
-//!   rewritten, and by a helper across the start or stop job it records.
-//! - The daemon's single-instance lock (`lock`), holding its pid.
+//! `flock` works on a read-only descriptor, so whoever can open a lock file
+//! can hold it: the locks live in `locks/` under the runtime directory,
+//! mode 0700, files 0600, while the API socket beside it stays reachable by
+//! group `berth`.
+//!
+//! - A workload's lock (`locks/workloads/NAME`), held while its record is
+//!   read and rewritten, and by a helper across the start or stop job it
+//!   records.
+//! - The daemon's single-instance lock (`locks/daemon`), holding its pid.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,19 +23,46 @@ use crate::paths::Root;
 const ATTEMPTS: u32 = 50;
 const RETRY: Duration = Duration::from_millis(20);
 
+/// `<runtime>/locks`: created 0700, and made 0700 again if found wider
+/// (it is berth's own directory).
+fn locks_dir(root: &Root) -> PathBuf {
+    root.runtime_dir().join("locks")
+}
+
+fn private_dir(dir: &Path) -> io::Result<()> {
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other(format!("{}: not a directory", dir.display())));
+    }
+    if meta.mode() & 0o7077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 fn open(path: &Path) -> io::Result<File> {
     if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
+        private_dir(dir)?;
     }
     OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
 }
 
-/// Takes `path`'s lock, trying `attempts` times `RETRY` apart.
+/// Takes `path`'s lock, trying `attempts` times `RETRY` apart. Blocks the
+/// thread: for callers outside an async runtime's hot path only.
 fn take(path: &Path, attempts: u32) -> io::Result<File> {
     let file = open(path)?;
     for attempt in 0..attempts {
@@ -39,19 +73,41 @@ fn take(path: &Path, attempts: u32) -> io::Result<File> {
             Err(fs::TryLockError::Error(e)) => return Err(e),
         }
     }
-    Err(io::Error::new(
+    Err(held(path))
+}
+
+fn held(path: &Path) -> io::Error {
+    io::Error::new(
         io::ErrorKind::WouldBlock,
         format!("{}: held by another process", path.display()),
-    ))
+    )
 }
 
 fn workload_lock_path(root: &Root, name: &str) -> PathBuf {
-    root.runtime_dir().join("locks").join(name)
+    locks_dir(root).join("workloads").join(name)
 }
 
 /// The workload's lock, waiting up to about a second.
 pub fn workload(root: &Root, name: &str) -> io::Result<File> {
     take(&workload_lock_path(root, name), ATTEMPTS)
+}
+
+/// The workload's lock, waiting up to `limit` without blocking the
+/// runtime's thread (the drain stops other workloads meanwhile).
+pub async fn workload_within(root: &Root, name: &str, limit: Duration) -> io::Result<File> {
+    let path = workload_lock_path(root, name);
+    let file = open(&path)?;
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(fs::TryLockError::WouldBlock) => return Err(held(&path)),
+            Err(fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
 }
 
 /// The workload's lock if it is free now; `WouldBlock` otherwise.
@@ -84,7 +140,7 @@ impl std::error::Error for InstanceError {}
 /// The daemon's single-instance lock, held for the life of the process;
 /// it holds the holder's pid for the message a second instance prints.
 pub fn single_instance(root: &Root) -> Result<File, InstanceError> {
-    let path = root.runtime_dir().join("lock");
+    let path = locks_dir(root).join("daemon");
     let io_error = |error| InstanceError::Io {
         path: path.clone(),
         error,
@@ -112,6 +168,35 @@ pub fn single_instance(root: &Root) -> Result<File, InstanceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn locks_are_private_to_the_manager_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        // A directory left wide open (by an older berth or an admin).
+        fs::create_dir_all(locks_dir(&root).join("workloads")).unwrap();
+        fs::set_permissions(locks_dir(&root), fs::Permissions::from_mode(0o755)).unwrap();
+        let _web = workload(&root, "web").unwrap();
+        let _daemon = single_instance(&root).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&locks_dir(&root)), 0o700);
+        assert_eq!(mode(&locks_dir(&root).join("workloads")), 0o700);
+        assert_eq!(mode(&workload_lock_path(&root, "web")), 0o600);
+        assert_eq!(mode(&locks_dir(&root).join("daemon")), 0o600);
+    }
+
+    #[tokio::test]
+    async fn the_async_wait_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let _held = workload(&root, "web").unwrap();
+        let t = std::time::Instant::now();
+        let e = workload_within(&root, "web", Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
 
     #[test]
     fn a_held_lock_is_refused_and_named() {

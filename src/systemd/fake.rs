@@ -40,6 +40,8 @@ pub struct FakeOps {
     verbs: RefCell<HashMap<u32, &'static str>>,
     /// Where [`Ops::watch`]'s changes come from, once watched.
     pub changes: RefCell<Option<tokio::sync::mpsc::UnboundedSender<Change>>>,
+    /// Units whose details systemd does not answer for (a timed-out call).
+    pub unanswered: RefCell<Vec<String>>,
 }
 
 impl FakeOps {
@@ -192,6 +194,9 @@ impl Ops for FakeOps {
     }
 
     async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
+        if self.unanswered.borrow().iter().any(|u| u == unit) {
+            return Err(SystemdError::local("GetAll", unit, "timed out"));
+        }
         Ok(UnitDetails {
             load_state: LoadState::Loaded,
             active_state: self.active_state(unit).await?,

@@ -10,7 +10,7 @@ use zbus::proxy::CacheProperties;
 use super::connection::Systemd;
 use super::error::SystemdError;
 use super::jobs::Registered;
-use super::proxies::{JobProxy, SERVICE_INTERFACE, UNIT_INTERFACE, UnitProxy};
+use super::proxies::{JobProxy, SERVICE_INTERFACE, ServiceProxy, UNIT_INTERFACE, UnitProxy};
 use super::types::{
     ActiveState, Change, ExitCode, Job, JobResult, JobType, LoadState, ServiceResult, UnitDetails,
     UnitFileState, UnitStatus, UnitTopology,
@@ -95,9 +95,47 @@ impl Ops for Systemd {
 
     async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError> {
         let properties = self.unit_properties(unit).await?;
-        let u = self
-            .bounded("GetAll Unit of", unit, properties.unit(UNIT_INTERFACE))
-            .await?;
+        let service = ServiceProxy::builder(&self.conn)
+            .path(properties.inner().path().clone())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| SystemdError::new("LoadUnit", unit, e))?;
+        let is_service = unit.ends_with(".service");
+        // One round trip for all of them: the Service reads go out with the
+        // Unit GetAll, and count only if the unit turns out to be loaded.
+        let (u, result, code, status, pid) = tokio::join!(
+            self.bounded("GetAll Unit of", unit, properties.unit(UNIT_INTERFACE)),
+            self.bounded("Get Result of", unit, async {
+                if is_service {
+                    service.result().await
+                } else {
+                    Ok(String::new())
+                }
+            }),
+            self.bounded("Get ExecMainCode of", unit, async {
+                if is_service {
+                    service.exec_main_code().await
+                } else {
+                    Ok(0)
+                }
+            }),
+            self.bounded("Get ExecMainStatus of", unit, async {
+                if is_service {
+                    service.exec_main_status().await
+                } else {
+                    Ok(0)
+                }
+            }),
+            self.bounded("Get MainPID of", unit, async {
+                if is_service {
+                    service.main_pid().await
+                } else {
+                    Ok(0)
+                }
+            }),
+        );
+        let u = u?;
         let mut details = UnitDetails {
             load_state: LoadState::from(u.load_state),
             active_state: ActiveState::from(u.active_state),
@@ -105,14 +143,11 @@ impl Ops for Systemd {
             invocation_id: u.invocation_id.iter().map(|b| format!("{b:02x}")).collect(),
             ..Default::default()
         };
-        if unit.ends_with(".service") && details.load_state == LoadState::Loaded {
-            let s = self
-                .bounded("GetAll Service of", unit, properties.service(SERVICE_INTERFACE))
-                .await?;
-            details.result = ServiceResult::from(s.result);
-            details.exec_main_code = ExitCode::from_code(s.exec_main_code);
-            details.exec_main_status = s.exec_main_status;
-            details.main_pid = s.main_pid;
+        if is_service && details.load_state == LoadState::Loaded {
+            details.result = ServiceResult::from(result?);
+            details.exec_main_code = ExitCode::from_code(code?);
+            details.exec_main_status = status?;
+            details.main_pid = pid?;
         }
         Ok(details)
     }
