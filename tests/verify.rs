@@ -188,3 +188,89 @@ fn verify_check_catches_a_bad_unit() {
         assert!(err.contains(needle), "{err}");
     }
 }
+
+/// Issue 10, defect 5: berth accepted values that systemd parses with
+/// "out of range, ignoring" (MemoryMax=0, a u64::MAX limit, 10^8 weeks) —
+/// a limit silently not applied. Every numeric setting gets the same
+/// edge values; whatever berth accepts must reach systemd without a word.
+#[test]
+fn numeric_edges_berth_accepts_are_applied_by_systemd() {
+    use berth::config::PassthroughKind::*;
+    if !require(
+        have("systemd-analyze"),
+        "systemd-analyze (Debian package systemd)",
+    ) {
+        return;
+    }
+    const EDGES: &[&str] = &[
+        "0",
+        "\"0\"",
+        "\"0%\"",
+        "\"0K\"",
+        "\"0000\"",
+        "1",
+        "\"1\"",
+        "\"1%\"",
+        "\"100%\"",
+        "\"101%\"",
+        "\"100000%\"",
+        "\"infinity\"",
+        "-1",
+        "10000",
+        "10001",
+        "9223372036854775807",
+        "\"18446744073709551614\"",
+        "\"18446744073709551615\"",
+        "\"15E\"",
+        "\"16E\"",
+        "\"17179869183G\"",
+        "\"0s\"",
+        "\"1us\"",
+        "\"30500000w\"",
+        "\"30500569w\"",
+        "\"99999999w\"",
+        "\"999999999d\"",
+        "\"999999999h 999999999h 999999999h 999999999h 999999999h 999999999h\"",
+        "\"8191\"",
+        "\"0-8191\"",
+        "\"8192\"",
+        "-1000",
+        "1000",
+        "-20",
+        "19",
+    ];
+    let units = built_units();
+    let root = tempfile::tempdir().unwrap();
+    let workloads = root.path().join("etc/berth/workloads");
+    fs::create_dir_all(&workloads).unwrap();
+    let mut tried = 0;
+    for (key, kind) in berth::config::TYPED_SETTINGS {
+        if !matches!(
+            kind,
+            Bytes { .. } | Tasks | RlimitCount | RlimitSize | Weight | CpuQuota | Duration | Int(..) | CpuSet
+        ) {
+            continue;
+        }
+        for (i, value) in EDGES.iter().enumerate() {
+            fs::write(
+                workloads.join(format!("{}-{i}.toml", key.to_lowercase())),
+                format!("exec = [\"/usr/bin/app\"]\n[service]\n{key} = {value}\n"),
+            )
+            .unwrap();
+            tried += 1;
+        }
+    }
+    let out = tempfile::tempdir().unwrap();
+    // Exit 1: most edges are refused, and those files are skipped.
+    Command::new(common::generator_bin())
+        .arg(out.path())
+        .env("BERTH_ROOT", root.path())
+        .output()
+        .unwrap();
+    let accepted = tree(out.path())
+        .iter()
+        .filter(|(p, _)| p.starts_with("berth@"))
+        .count();
+    assert!(accepted > 0 && accepted < tried, "{accepted} of {tried} accepted");
+    verify_tree(out.path(), &units).unwrap();
+}

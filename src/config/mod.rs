@@ -14,7 +14,7 @@ mod workload;
 
 pub use crate::names::{is_valid_workload_name, unit_name};
 pub use host::{DaemonSettings, HostSettings};
-pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, passthrough_rule};
+pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
 pub use source::Discovered;
 pub use workload::{StopAction, Workload, WorkloadKind};
 

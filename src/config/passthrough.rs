@@ -31,8 +31,12 @@ pub enum PassthroughKind {
     /// A whole percentage above 0 (CPUQuota=; may exceed 100).
     CpuQuota,
     /// Bytes (integer), a whole number with a K/M/G/T/P/E suffix, a whole
-    /// percentage up to 100, or `infinity`.
-    Bytes,
+    /// percentage up to 100, or `infinity`. `zero`: whether 0 (in any
+    /// spelling) is a value; systemd ignores MemoryMax=0 and MemoryHigh=0
+    /// ("out of range") but takes MemoryMin=0, MemoryLow=0, MemorySwapMax=0.
+    Bytes {
+        zero: bool,
+    },
     /// A count of at least 1, a whole percentage from 1 to 100, or `infinity`.
     Tasks,
     /// A count or `infinity` (LimitNOFILE=, LimitNPROC=).
@@ -227,7 +231,9 @@ const STANDARD_OUTPUTS: &[&str] = &[
 
 /// The allowlist, sorted by key. Everything here was checked in the harness
 /// not to add a `Requires=`/`BindsTo=` on a unit stopped at shutdown.
-const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
+/// Every typed pass-through setting (booleans apart), sorted by key;
+/// tests/verify.rs proves their edges against systemd.
+pub const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
     ("AllowedCPUs", CpuSet),
     (
         "AmbientCapabilities",
@@ -270,11 +276,11 @@ const TYPED_SETTINGS: &[(&str, PassthroughKind)] = &[
             "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
         ]),
     ),
-    ("MemoryHigh", Bytes),
-    ("MemoryLow", Bytes),
-    ("MemoryMax", Bytes),
-    ("MemoryMin", Bytes),
-    ("MemorySwapMax", Bytes),
+    ("MemoryHigh", Bytes { zero: false }),
+    ("MemoryLow", Bytes { zero: true }),
+    ("MemoryMax", Bytes { zero: false }),
+    ("MemoryMin", Bytes { zero: true }),
+    ("MemorySwapMax", Bytes { zero: true }),
     ("Nice", Int(-20, 19)),
     ("OOMScoreAdjust", Int(-1000, 1000)),
     ("ProtectHome", BoolOr(&["read-only", "tmpfs"])),
@@ -498,7 +504,8 @@ fn render_value(kind: PassthroughKind, value: &Value) -> Result<String, Invalid>
         }
         (Int(min, max), Value::Integer(n)) => in_range(*n, min, max).map(|n| n.to_string()),
         (Weight, Value::Integer(n)) => in_range(*n, 1, 10_000).map(|n| n.to_string()),
-        (Bytes | RlimitCount | RlimitSize, Value::Integer(n)) => {
+        (Bytes { zero: false }, Value::Integer(n)) => in_range(*n, 1, i64::MAX).map(|n| n.to_string()),
+        (Bytes { zero: true } | RlimitCount | RlimitSize, Value::Integer(n)) => {
             in_range(*n, 0, i64::MAX).map(|n| n.to_string())
         }
         (Tasks, Value::Integer(n)) => in_range(*n, 1, i64::MAX).map(|n| n.to_string()),
@@ -562,14 +569,19 @@ fn expectation(kind: PassthroughKind) -> &'static str {
         Bool => "true or false",
         Weight => "an integer from 1 to 10000",
         CpuQuota => "a whole percentage above 0 like \"150%\"",
-        Bytes => "a size like \"512M\", a whole percentage up to \"100%\", or \"infinity\"",
+        Bytes { zero: true } => "a size like \"512M\", a whole percentage up to \"100%\", or \"infinity\"",
+        Bytes { zero: false } => {
+            "a size above 0 like \"512M\", a whole percentage from \"1%\" to \"100%\", or \"infinity\""
+        }
         Tasks => "a count of at least 1, a whole percentage up to \"100%\", or \"infinity\"",
         RlimitCount => "a count or \"infinity\"",
         RlimitSize => "a size like \"8M\" or \"infinity\"",
         Int(..) => "an integer",
         CpuSet => "a CPU list like \"0-3,6\" (ascending ranges, CPUs below 8192)",
         Signal => "a terminating signal like \"SIGINT\" or \"SIGTERM\"",
-        Duration => "a time span like \"90s\" or \"5min 20s\", or \"infinity\"",
+        Duration => {
+            "a time span like \"90s\" or \"5min 20s\" (in all below 2^64 microseconds, about 584,542 years), or \"infinity\""
+        }
         Enum(_) | BoolOr(_) => "a string",
         Names { boolean: true, .. } => "true, false, or a list of names",
         Names { .. } => "a list of names",
@@ -582,13 +594,19 @@ fn expectation(kind: PassthroughKind) -> &'static str {
 fn check_string(kind: PassthroughKind, s: &str) -> bool {
     match kind {
         CpuQuota => percent(s).is_some_and(|p| (1..=100_000).contains(&p)),
-        Bytes => s == "infinity" || percent(s).is_some_and(|p| p <= 100) || size(s).is_some(),
+        Bytes { zero } => {
+            s == "infinity"
+                || percent(s).is_some_and(|p| p <= 100 && (zero || p > 0))
+                || size(s).is_some_and(|v| zero || v > 0)
+        }
+        // u64::MAX itself is systemd's "infinity": spelled as a number it
+        // is out of range, and ignored.
         Tasks => {
             s == "infinity"
                 || percent(s).is_some_and(|p| (1..=100).contains(&p))
-                || number(s).is_some_and(|n| n >= 1)
+                || number(s).is_some_and(|n| (1..u64::MAX).contains(&n))
         }
-        RlimitCount => s == "infinity" || number(s).is_some(),
+        RlimitCount => s == "infinity" || number(s).is_some_and(|n| n < u64::MAX),
         RlimitSize => s == "infinity" || size(s).is_some(),
         CpuSet => cpu_set(s),
         Signal => TERMINATING_SIGNALS.contains(&s.strip_prefix("SIG").unwrap_or(s)),
@@ -697,22 +715,52 @@ fn cpu_set(s: &str) -> bool {
         })
 }
 
+/// A time span systemd can hold: the sum, in microseconds, must stay
+/// below u64::MAX (its "infinity"); beyond, systemd says "out of range"
+/// and ignores the setting (10^8 weeks, or a few 999999999h, get there).
 fn duration(s: &str) -> bool {
-    const UNITS: &[&str] = &[
-        "usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes", "minute", "min", "m",
-        "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w",
+    const SEC: u64 = 1_000_000;
+    const UNITS: &[(&str, u64)] = &[
+        ("usec", 1),
+        ("us", 1),
+        ("msec", 1000),
+        ("ms", 1000),
+        ("seconds", SEC),
+        ("second", SEC),
+        ("sec", SEC),
+        ("s", SEC),
+        ("", SEC),
+        ("minutes", 60 * SEC),
+        ("minute", 60 * SEC),
+        ("min", 60 * SEC),
+        ("m", 60 * SEC),
+        ("hours", 3600 * SEC),
+        ("hour", 3600 * SEC),
+        ("hr", 3600 * SEC),
+        ("h", 3600 * SEC),
+        ("days", 86_400 * SEC),
+        ("day", 86_400 * SEC),
+        ("d", 86_400 * SEC),
+        ("weeks", 604_800 * SEC),
+        ("week", 604_800 * SEC),
+        ("w", 604_800 * SEC),
     ];
-    let mut any = false;
+    let mut total: Option<u64> = None;
     for part in s.split(' ').filter(|p| !p.is_empty()) {
         let split = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
         let (n, unit) = part.split_at(split);
-        // Nine digits of weeks still fits systemd's 64-bit microseconds.
-        if n.is_empty() || n.len() > 9 || !(unit.is_empty() || UNITS.contains(&unit)) {
+        let Some(&(_, scale)) = UNITS.iter().find(|(u, _)| *u == unit) else {
             return false;
-        }
-        any = true;
+        };
+        let Some(usec) = number(n).and_then(|n| n.checked_mul(scale)) else {
+            return false;
+        };
+        total = match total.unwrap_or(0).checked_add(usec) {
+            Some(t) if t < u64::MAX => Some(t),
+            _ => return false,
+        };
     }
-    any
+    total.is_some()
 }
 
 /// Signals whose default action ends the process: a KillSignal= that only
@@ -733,7 +781,22 @@ pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
     ("MemoryHigh", "\"80%\"", "MemoryHigh=80%"),
     ("MemoryLow", "\"100%\"", "MemoryLow=100%"),
     ("MemoryMin", "\"0\"", "MemoryMin=0"),
+    ("MemoryLow", "\"0%\"", "MemoryLow=0%"),
     ("MemorySwapMax", "0", "MemorySwapMax=0"),
+    ("MemoryMax", "1", "MemoryMax=1"),
+    ("MemoryHigh", "\"1%\"", "MemoryHigh=1%"),
+    (
+        "LimitNOFILE",
+        "\"18446744073709551614\"",
+        "LimitNOFILE=18446744073709551614",
+    ),
+    (
+        "TasksMax",
+        "\"18446744073709551614\"",
+        "TasksMax=18446744073709551614",
+    ),
+    ("TimeoutStartSec", "\"30500000w\"", "TimeoutStartSec=30500000w"),
+    ("TimeoutStartSec", "\"999999999h\"", "TimeoutStartSec=999999999h"),
     ("CPUQuota", "\"150%\"", "CPUQuota=150%"),
     ("CPUQuota", "\"1%\"", "CPUQuota=1%"),
     ("CPUWeight", "1", "CPUWeight=1"),
@@ -889,6 +952,24 @@ mod tests {
             ("AllowedCPUs", "\"99999\""),
             ("TimeoutStartSec", "\"99999999999999999999\""),
             ("TimeoutStartSec", "\"soon\""),
+            // Issue 10, defect 5: values systemd 252 ignores ("out of range").
+            ("MemoryMax", "0"),
+            ("MemoryMax", "\"0\""),
+            ("MemoryMax", "\"0%\""),
+            ("MemoryMax", "\"0K\""),
+            ("MemoryMax", "\"0000\""),
+            ("MemoryHigh", "0"),
+            ("MemoryHigh", "\"0%\""),
+            ("LimitNOFILE", "\"18446744073709551615\""),
+            ("LimitNPROC", "\"18446744073709551615\""),
+            ("TasksMax", "\"18446744073709551615\""),
+            ("TimeoutStartSec", "\"99999999w\""),
+            ("TimeoutStartSec", "\"30500569w\""),
+            ("TimeoutStartSec", "\"999999999d\""),
+            (
+                "TimeoutStartSec",
+                "\"999999999h 999999999h 999999999h 999999999h 999999999h 999999999h\"",
+            ),
             ("KillSignal", "\"SIGFOO\""),
             ("KillSignal", "\"SIGSTOP\""),
             ("KillSignal", "\"SIGCHLD\""),
