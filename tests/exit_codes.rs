@@ -269,3 +269,29 @@ fn a_mistyped_verb_gets_a_suggestion() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("status"), "{}", stderr(&o));
 }
+
+#[test]
+fn check_json_for_ci() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("etc/berth/workloads");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("web.toml"),
+        "exec = [\"/usr/bin/sleep\", \"infinity\"]\n",
+    )
+    .unwrap();
+    let o = run(berth_bin(), &["check", "--json"], Some(root.path()));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["workloads"][0]["unit"], "berth@web.service");
+    assert_eq!(v["drain"]["parallelism"].as_u64().map(|p| p > 0), Some(true));
+
+    fs::write(dir.join("bad.toml"), "exec = \"not a list\"\n").unwrap();
+    let o = run(berth_bin(), &["check", "--json"], Some(root.path()));
+    assert_eq!(code(&o), 1);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["errors"][0]["key"], "exec");
+    assert!(v["errors"][0]["file"].as_str().unwrap().ends_with("bad.toml"));
+}

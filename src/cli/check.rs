@@ -10,31 +10,79 @@ use crate::paths::Root;
 use crate::plan;
 use crate::state::freeze::{self, Freeze, Scope};
 
-pub(super) fn run(root: &Root, dir: Option<PathBuf>, live: bool) -> i32 {
+pub(super) fn run(root: &Root, dir: Option<PathBuf>, live: bool, json: bool) -> i32 {
     match dir {
         Some(dir) => match root.user_dirs() {
-            Some(user) => check(&Root::new_user(dir, user.clone())),
-            None => check(&Root::new(dir)),
+            Some(user) => check(&Root::new_user(dir, user.clone()), json),
+            None => check(&Root::new(dir), json),
         },
         None => {
-            let rc = check(root);
+            let rc = check(root, json);
             if live { check_live(root).max(rc) } else { rc }
         }
     }
 }
 
-fn check(root: &Root) -> i32 {
+fn check(root: &Root, json: bool) -> i32 {
     if !root.dir().is_dir() {
         say_error(&format!(
             "berth check: {}: no such directory",
-            root.dir().display()
+            config::shown_path(root.dir())
         ));
         return 1;
     }
     let loaded = config::load(root);
-    say(&check_report(&loaded));
-    say(&freeze_report(root, &loaded));
+    if json {
+        say(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&check_json(&loaded)).unwrap_or_default()
+        ));
+    } else {
+        say(&check_report(&loaded));
+        say(&freeze_report(root, &loaded));
+    }
     if loaded.is_clean() { 0 } else { 1 }
+}
+
+/// `berth check --json`: what the text report says, for a CI job.
+fn check_json(loaded: &Loaded) -> serde_json::Value {
+    let host = &loaded.host;
+    let errors: Vec<_> = loaded
+        .errors
+        .iter()
+        .map(|e| serde_json::json!({"file": config::shown_path(&e.file), "key": e.key, "reason": e.reason}))
+        .collect();
+    let workloads: Vec<_> = loaded
+        .workloads
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "name": w.name,
+                "unit": w.unit_name(),
+                "file": config::shown_path(&w.source),
+                "order": w.order,
+                "autostart": w.autostart,
+                "stop_action": w.stop_action,
+                "stop_delay_s": w.stop_delay_s,
+                "force_off_on_timeout": w.force_off_on_timeout,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "ok": loaded.is_clean(),
+        "errors": errors,
+        "host_files": loaded.host_files.iter().map(|p| config::shown_path(p)).collect::<Vec<_>>(),
+        "host_has_errors": loaded.host_has_errors,
+        "masked": loaded.masked,
+        "workloads": workloads,
+        "drain": {
+            "timeout_stop_s": plan::drain_timeout_stop_s(host.drain_deadline_s),
+            "deadline_s": host.drain_deadline_s,
+            "parallelism": host.drain_parallelism,
+            "after": plan::drain_after(host, &loaded.workloads),
+        },
+        "daemon": {"enabled": host.daemon.enabled, "watchdog_s": host.daemon.watchdog_s},
+    })
 }
 
 /// `berth check --live`: the loaded units against the invariants.
@@ -117,7 +165,7 @@ pub fn check_report(loaded: &Loaded) -> String {
         [] => out.push_str("host: no berth.toml, built-in defaults\n"),
         files => {
             for f in files {
-                out.push_str(&format!("host: {} ok\n", f.display()));
+                out.push_str(&format!("host: {} ok\n", config::shown_path(f)));
             }
         }
     }

@@ -15,9 +15,11 @@ use crate::systemd::{Ops, Systemd};
 pub(super) fn run(root: &Root) -> i32 {
     let (loaded, events) = helper_context(root);
     let ran = block_on(async {
+        // The deadline counts from here: connecting is part of the budget.
+        let began = tokio::time::Instant::now();
         match Systemd::connect(root.manager()).await {
             Ok(sd) => {
-                drain::run(&sd, root, &loaded, &events).await;
+                drain::run(&sd, root, &loaded, &events, began).await;
             }
             Err(e) => drain::unreachable(root, &loaded, &e, &events),
         }

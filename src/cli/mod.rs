@@ -51,6 +51,9 @@ enum Verb {
         /// lifecycle invariants.
         #[arg(long, conflicts_with = "root")]
         live: bool,
+        /// Print the result as JSON (for CI): ok, errors, workloads, drain, daemon.
+        #[arg(long, conflicts_with = "live")]
+        json: bool,
     },
     /// Start enabled workloads that are not running, in order (run by berth-autostart.service).
     Autostart,
@@ -160,7 +163,11 @@ pub fn main() -> i32 {
         Verb::Completions { shell } => build::completions(shell),
         // `berth status` never fails: it reports a user environment it cannot use.
         Verb::Status { json } => status::run(manager, root, json),
-        Verb::Check { root: dir, live } => with_root(root, |r| check::run(r, dir, live)),
+        Verb::Check {
+            root: dir,
+            live,
+            json,
+        } => with_root(root, |r| check::run(r, dir, live, json)),
         Verb::Autostart => with_root(root, lifecycle::autostart),
         Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
         Verb::Drain { last: true, json, .. } => with_root(root, |r| drain::last(r, json)),

@@ -29,6 +29,7 @@ use crate::config;
 use crate::events::Events;
 use crate::paths::Root;
 use crate::state::lock::{self, InstanceError};
+use crate::state::{atomic, records};
 use crate::systemd::{Ops, Systemd, SystemdError};
 use crate::time::rfc3339;
 use supervisor::Supervisor;
@@ -141,7 +142,13 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     };
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
 
+    // One sync for every record the first pass writes, before READY.
+    let batch = atomic::Batch::begin(&records::records_dir(&sup.root));
     let running = sup.pass(true).await;
+    if let Err(e) = batch.commit() {
+        sup.events
+            .warn(&format!("cannot sync the records of the first pass: {e}"));
+    }
     sup.events.emit(
         log::Level::Info,
         ADOPTED_MESSAGE_ID,

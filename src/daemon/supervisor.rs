@@ -82,7 +82,9 @@ impl<O: Ops> Supervisor<O> {
         let mut states: Vec<(String, ActiveState)> = Vec::with_capacity(live.len());
         self.paths.clear();
         for u in live {
-            if let Some(name) = instance_of(&u.name) {
+            if let Some(name) = instance_of(&u.name)
+                && self.is_followed(name, &u.active_state)
+            {
                 self.paths.insert(u.path, name.to_string());
                 states.push((name.to_string(), u.active_state));
             }
@@ -149,6 +151,17 @@ impl<O: Ops> Supervisor<O> {
         }
     }
 
+    /// Whether a loaded `berth@NAME.service` is berth's to record: a valid
+    /// name that is configured, running, or already has a record. Anyone
+    /// can load a unit (`systemctl status berth@junk1.service`); a loaded,
+    /// unconfigured, idle instance gets no record, no lock and no view.
+    fn is_followed(&self, name: &str, active: &ActiveState) -> bool {
+        names::is_valid_workload_name(name)
+            && (self.loaded.workload(name).is_some()
+                || active.is_up()
+                || records::record_path(&self.root, name).exists())
+    }
+
     /// The workload whose unit lives at `path`, from the listed units; a
     /// workload unit loaded since the last pass is listed again first.
     async fn workload_at(&mut self, path: &str) -> Option<String> {
@@ -186,6 +199,9 @@ impl<O: Ops> Supervisor<O> {
         let Some(now) = Settled::of(&details.active_state) else {
             return;
         };
+        if !self.is_followed(name, &details.active_state) {
+            return;
+        }
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() {
@@ -406,6 +422,27 @@ mod tests {
     use super::*;
     use crate::state::records::TransitionReason;
     use crate::systemd::fake::{Behaviour, FakeOps};
+
+    /// Issue 10: anyone could make the daemon write a record (and a lock)
+    /// by loading `berth@junk1.service`; records grew without bound.
+    #[tokio::test]
+    async fn a_loaded_idle_unconfigured_unit_gets_no_record() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let ops = FakeOps::default()
+            .unit("web", true, Behaviour::Takes(Duration::ZERO))
+            .unit("junk1", false, Behaviour::Takes(Duration::ZERO))
+            .unit("adhoc", true, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.pass(true).await;
+        assert!(records::load(&root, "web").unwrap().is_some());
+        assert!(
+            records::load(&root, "adhoc").unwrap().is_some(),
+            "a running instance is followed, configured or not"
+        );
+        assert!(records::load(&root, "junk1").unwrap().is_none());
+        assert!(!sup.live_names.contains("junk1"));
+        assert!(!root.runtime_dir().join("locks/workloads/junk1").exists());
+    }
 
     /// Issue 10: a details() call that failed read as inactive, so a
     /// running workload got a false unexpected-exit record.

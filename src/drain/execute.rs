@@ -22,10 +22,17 @@ use crate::time::rfc3339;
 
 /// Runs the drain. When the live units cannot be listed, every configured
 /// workload is still attempted.
-pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events) -> Report {
-    let started = Instant::now();
-    let started_at = rfc3339(SystemTime::now());
+///
+/// `began` is when the drain began, before it connected to systemd: the
+/// deadline is one budget for everything, connecting included. Whatever
+/// systemd has not answered for when the budget is spent (a bus that
+/// stopped answering queues every call for 10 s) is reported Failed, so
+/// that the report is written before systemd's TimeoutStopSec= kill.
+pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events, began: Instant) -> Report {
+    let started = began;
+    let started_at = rfc3339(SystemTime::now() - began.elapsed());
     let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
+    let spent = deadline + BUDGET_AFTER_DEADLINE;
     let live = match ops.list_workloads().await {
         Ok(live) => live,
         Err(e) => {
@@ -46,9 +53,71 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
         }
     };
     let groups = plan::groups(loaded, &live);
+    let everyone: Vec<String> = groups.iter().flatten().map(|t| t.name.clone()).collect();
     let parallelism = loaded.host.drain_parallelism.max(1) as usize;
     let mut results = Vec::new();
+    let within_budget = tokio::time::timeout_at(
+        spent,
+        stop_groups(
+            ops,
+            root,
+            events,
+            groups,
+            parallelism,
+            started,
+            deadline,
+            &mut results,
+        ),
+    )
+    .await
+    .is_ok();
+    if !within_budget {
+        let unanswered: Vec<String> = everyone
+            .into_iter()
+            .filter(|n| !results.iter().any(|r| r.workload == *n))
+            .collect();
+        for name in unanswered {
+            let r = StopResult {
+                workload: name,
+                outcome: Outcome::Failed,
+                started_ms: 0,
+                code: Some("E_SYSTEMD".to_string()),
+                elapsed_ms: started.elapsed().as_millis() as u64,
+                detail: Some("no answer from systemd before the drain's budget ran out".to_string()),
+            };
+            record(root, &r, None, events);
+            results.push(r);
+        }
+    }
 
+    let report = Report {
+        started_at,
+        finished_at: rfc3339(SystemTime::now()),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        deadline_s: loaded.host.drain_deadline_s,
+        parallelism: loaded.host.drain_parallelism,
+        deadline_reached: Instant::now() >= deadline,
+        workloads: results,
+    };
+    summarize(&report, events);
+    write(root, &report, events);
+    report
+}
+
+/// The groups, in order, `parallelism` stops at a time; past the deadline
+/// everything left at once. Results go into `results` as they come, so
+/// that what was done survives the budget running out.
+#[allow(clippy::too_many_arguments)]
+async fn stop_groups<O: Ops>(
+    ops: &O,
+    root: &Root,
+    events: &Events,
+    groups: Vec<Vec<Target>>,
+    parallelism: usize,
+    started: Instant,
+    deadline: Instant,
+    results: &mut Vec<StopResult>,
+) {
     let mut groups = groups.into_iter();
     while let Some(mut group) = groups.next() {
         // Past the deadline the remaining groups are one batch: everything
@@ -78,7 +147,13 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
                 // Wake at the deadline too, to release what still waits.
                 tokio::select! {
                     r = in_flight.next() => r,
-                    _ = tokio::time::sleep_until(deadline), if Instant::now() < deadline => continue,
+                    _ = tokio::time::sleep_until(deadline), if Instant::now() < deadline => {
+                        // The later groups join now: a stop that hangs in
+                        // this group must not hold them back.
+                        let rest: Vec<Target> = queue.by_ref().chain(groups.by_ref().flatten()).collect();
+                        queue = rest.into_iter();
+                        continue;
+                    }
                 }
             };
             match next {
@@ -100,19 +175,13 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events)
             }
         }
     }
-    let report = Report {
-        started_at,
-        finished_at: rfc3339(SystemTime::now()),
-        elapsed_ms: started.elapsed().as_millis() as u64,
-        deadline_s: loaded.host.drain_deadline_s,
-        parallelism: loaded.host.drain_parallelism,
-        deadline_reached: Instant::now() >= deadline,
-        workloads: results,
-    };
-    summarize(&report, events);
-    write(root, &report, events);
-    report
 }
+
+/// After the deadline, what is left is forced off at once; if systemd has
+/// not answered by this much later, the drain gives up waiting and writes
+/// its report: the unit's TimeoutStopSec= is the deadline plus
+/// [`plan::DRAIN_EXIT_MARGIN_S`] (30 s), which leaves 10 s for the rest.
+const BUDGET_AFTER_DEADLINE: Duration = Duration::from_secs(20);
 
 /// How long a stop waits for its workload's lock (held for a moment by
 /// the supervisor or a helper writing the record).

@@ -69,7 +69,14 @@ pub(crate) mod tests {
         let ops = ["a", "b", "c", "d", "e"]
             .iter()
             .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::Takes(SEC)));
-        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let report = run(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await;
         assert!(
             outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
             "{report:?}"
@@ -102,7 +109,14 @@ pub(crate) mod tests {
             .map(|n| crate::state::lock::workload(&root, n).unwrap())
             .collect();
         let wall = std::time::Instant::now();
-        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let report = run(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await;
         assert!(
             outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
             "every stop goes ahead without its lock: {report:?}"
@@ -113,6 +127,44 @@ pub(crate) mod tests {
             wall.elapsed() < Duration::from_secs(5),
             "the runtime's thread was blocked for {:?}",
             wall.elapsed()
+        );
+    }
+
+    /// Issue 10: with a bus that stopped answering, calls queued behind
+    /// the bound for 10 s each and the drain overran its TimeoutStopSec=,
+    /// killed before writing its report.
+    #[tokio::test(start_paused = true)]
+    async fn a_bus_that_stops_answering_does_not_overrun_the_budget() {
+        let (_d, root, loaded) = setup(
+            "drain_deadline_s = 10",
+            &[("ok", "order = 0"), ("stuck", "order = 10")],
+        );
+        let ops = FakeOps::default().unit("ok", true, Behaviour::Takes(SEC)).unit(
+            "stuck",
+            true,
+            Behaviour::Unanswered,
+        );
+        // Connecting took 4 s of the budget already.
+        let began = tokio::time::Instant::now() - 4 * SEC;
+        let report = tokio::time::timeout(
+            Duration::from_secs(3600),
+            run(&ops, &root, &loaded, &Events::new("test"), began),
+        )
+        .await
+        .expect("the drain ends on its own");
+        let o = outcomes(&report);
+        assert_eq!(o["stuck"], (Outcome::Failed, Some("E_SYSTEMD")));
+        // 10 s deadline + 20 s to force and wait, counted from `began`:
+        // inside the unit's TimeoutStopSec= (deadline + 30 s).
+        assert_eq!(began.elapsed(), 30 * SEC);
+        assert!(
+            crate::state::drain_report::read(&root).is_ok(),
+            "the report is written"
+        );
+        assert!(
+            matches!(o["ok"].0, Outcome::GracefulOff | Outcome::ForcedOff),
+            "at the deadline the later groups go at once, not behind the stuck one: {:?}",
+            o["ok"]
         );
     }
 
@@ -128,7 +180,14 @@ pub(crate) mod tests {
         let ops = FakeOps::default()
             .unit("hard", true, Behaviour::IgnoresTerm)
             .unit("soft", true, Behaviour::IgnoresTerm);
-        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let report = run(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await;
         let o = outcomes(&report);
         assert_eq!(o["hard"], (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF")));
         assert_eq!(o["soft"], (Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT")));
@@ -154,7 +213,14 @@ pub(crate) mod tests {
             .unit("zap", true, Behaviour::IgnoresTerm)
             .unit("idle", false, Behaviour::Takes(SEC))
             .unit("ghost", true, Behaviour::Takes(SEC));
-        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let report = run(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await;
         let o = outcomes(&report);
         assert_eq!(o["zap"].0, Outcome::PoweredOff);
         assert_eq!(o["idle"].0, Outcome::AlreadyOff);
@@ -184,7 +250,14 @@ pub(crate) mod tests {
             .iter()
             .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::IgnoresTerm));
         let began = tokio::time::Instant::now();
-        let report = run(&ops, &root, &loaded, &Events::new("test")).await;
+        let report = run(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await;
         assert!(
             outcomes(&report)
                 .values()

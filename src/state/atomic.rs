@@ -1,10 +1,53 @@
 //! The one way berth replaces a file: readers see the old or the new one,
 //! never a torn one, also across a power failure.
 
+use std::cell::Cell;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+thread_local! {
+    /// Open [`Batch`]es on this thread.
+    static BATCHES: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Many replacements, one sync: while a batch is open on this thread,
+/// [`replace`] skips its fsyncs, and [`Batch::commit`] makes everything
+/// durable with one `syncfs`. For the daemon's first pass, which may write
+/// a record for each of a thousand workloads before READY: one fsync pair
+/// each made that take seconds. Until the commit, a crash may leave a new
+/// record empty; a record that does not parse is set aside and rebuilt
+/// from systemd's live state.
+pub struct Batch {
+    dir: PathBuf,
+}
+
+impl Batch {
+    /// Opens a batch; `dir` is on the file system to sync at the end.
+    pub fn begin(dir: &Path) -> Batch {
+        BATCHES.with(|b| b.set(b.get() + 1));
+        Batch {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Syncs the file system that holds the batch's directory.
+    pub fn commit(self) -> io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        nix::unistd::syncfs(File::open(&self.dir)?).map_err(io::Error::from)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        BATCHES.with(|b| b.set(b.get().saturating_sub(1)));
+    }
+}
+
+fn batched() -> bool {
+    BATCHES.with(|b| b.get() > 0)
+}
 
 /// What [`replace`] puts at a path.
 pub enum Replacement<'a> {
@@ -33,11 +76,16 @@ pub fn replace(path: &Path, with: &Replacement) -> io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
             f.set_permissions(fs::Permissions::from_mode(*mode))?;
-            f.sync_all()?;
+            if !batched() {
+                f.sync_all()?;
+            }
         }
         Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
     }
     fs::rename(&tmp, path)?;
+    if batched() {
+        return Ok(());
+    }
     File::open(dir)?.sync_all()
 }
 

@@ -20,6 +20,8 @@ pub enum Behaviour {
     Takes(Duration),
     /// Ignores SIGTERM: a stop ends only with SIGKILL.
     IgnoresTerm,
+    /// A bus that no longer answers: a stop call for this unit never returns.
+    Unanswered,
 }
 
 struct FakeJob {
@@ -64,8 +66,8 @@ impl FakeOps {
         let done_at = match behaviour {
             _ if dead && verb == "stop" => Some(now),
             Behaviour::Takes(d) => Some(now + d),
-            Behaviour::IgnoresTerm if verb == "start" => Some(now),
-            Behaviour::IgnoresTerm => None,
+            Behaviour::IgnoresTerm | Behaviour::Unanswered if verb == "start" => Some(now),
+            Behaviour::IgnoresTerm | Behaviour::Unanswered => None,
         };
         let mut jobs = self.jobs.borrow_mut();
         jobs.push(FakeJob {
@@ -146,6 +148,14 @@ impl Ops for FakeOps {
     }
 
     async fn stop(&self, unit: &str) -> Result<Job, SystemdError> {
+        let unanswered = self
+            .units
+            .borrow()
+            .get(unit)
+            .is_some_and(|u| matches!(u.1, Behaviour::Unanswered));
+        if unanswered {
+            std::future::pending::<()>().await;
+        }
         Ok(self.queue(unit, "stop"))
     }
 
