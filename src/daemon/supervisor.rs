@@ -44,7 +44,13 @@ pub(super) struct Supervisor<O: Ops> {
     /// Object path → workload, from the listed units: what a
     /// PropertiesChanged signal names.
     paths: HashMap<String, String>,
+    /// Details fetched ahead, all at once, for the first pass.
+    prefetched: HashMap<String, UnitDetails>,
 }
+
+/// Details fetched at once at the first pass: systemd answers them in
+/// turn, but the round trips overlap.
+const PREFETCH: usize = 32;
 
 impl<O: Ops> Supervisor<O> {
     pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
@@ -62,6 +68,7 @@ impl<O: Ops> Supervisor<O> {
             record_mtimes: HashMap::new(),
             live_names: BTreeSet::new(),
             paths: HashMap::new(),
+            prefetched: HashMap::new(),
         }
     }
 
@@ -95,6 +102,9 @@ impl<O: Ops> Supervisor<O> {
             }
         }
         self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
+        if first {
+            self.prefetch(&states).await;
+        }
         // What a busy lock deferred is looked at again now.
         let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
         for (name, active) in states {
@@ -112,6 +122,7 @@ impl<O: Ops> Supervisor<O> {
                 .insert(name.clone(), record_mtime(&self.root, &name));
             self.seen.insert(name, active);
         }
+        self.prefetched.clear();
         self.heartbeat = SystemTime::now();
         self.seen.retain(|name, _| self.live_names.contains(name));
         if let Some(api) = &self.api {
@@ -148,6 +159,33 @@ impl<O: Ops> Supervisor<O> {
         let deferred = std::mem::take(&mut self.deferred);
         for name in deferred {
             self.reconcile(&name, SeenBy::Scan, None).await;
+        }
+    }
+
+    /// A running workload without a record (a first start on a busy host,
+    /// or after `uninstall --purge`) needs its details for the record the
+    /// first pass writes: a thousand of them one after the other took
+    /// seconds before READY, so they are asked for together.
+    async fn prefetch(&mut self, states: &[(String, ActiveState)]) {
+        use futures_util::StreamExt;
+        let need: Vec<String> = states
+            .iter()
+            .filter(|(name, active)| active.is_up() && record_mtime(&self.root, name).is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        let sd = &self.sd;
+        let fetched: Vec<(String, Result<UnitDetails, _>)> = futures_util::stream::iter(need)
+            .map(|name| async move {
+                let details = sd.details(&names::unit_name(&name)).await;
+                (name, details)
+            })
+            .buffer_unordered(PREFETCH)
+            .collect()
+            .await;
+        for (name, details) in fetched {
+            if let Ok(details) = details {
+                self.prefetched.insert(name, details);
+            }
         }
     }
 
@@ -204,10 +242,14 @@ impl<O: Ops> Supervisor<O> {
         }
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
+        let prefetched = self.prefetched.remove(name);
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() {
-            details = match self.details(&unit).await {
+            details = match prefetched {
                 Some(details) => details,
-                None => return self.deferred.push(name.to_string()),
+                None => match self.details(&unit).await {
+                    Some(details) => details,
+                    None => return self.deferred.push(name.to_string()),
+                },
             };
         } else if details.invocation_id.is_empty() && self.api.is_some() {
             self.fill.push_back(name.to_string());
