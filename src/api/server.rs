@@ -48,6 +48,8 @@ pub(super) const MAX_CONNECTIONS: usize = 128;
 /// connection slot is taken, so a monitor can still tell a busy daemon
 /// from a dead one.
 pub(super) const RESERVED_FOR_HEALTH: usize = 4;
+/// The head deadline on a reserved slot.
+const HEALTH_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 /// Event streams at once, within [`MAX_CONNECTIONS`]; beyond it, 503.
 pub(super) const MAX_STREAMS: usize = 64;
 /// How long a refused connection may take to accept its 503.
@@ -137,8 +139,12 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         .max_buf_size(MAX_HEAD)
         // The header spelling clients saw before hyper.
         .title_case_headers(true);
+    // A reserved slot is held briefly: one request, a short deadline for
+    // its head, so that clients holding it idle give it back quickly.
     let mut health_only = http.clone();
-    health_only.keep_alive(false);
+    health_only
+        .keep_alive(false)
+        .header_read_timeout(HEALTH_HEAD_TIMEOUT);
     let limits = Arc::new(Limits {
         connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         reserved: Arc::new(Semaphore::new(RESERVED_FOR_HEALTH)),

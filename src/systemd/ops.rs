@@ -25,6 +25,9 @@ pub trait Ops {
     async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError>;
     /// The unit's state and, for a service, its main process and last exit.
     async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError>;
+    /// The InvocationID of the unit at `path` (from a listed row): one
+    /// call, no LoadUnit; empty when the unit has never run.
+    async fn invocation_id_at(&self, path: &str) -> Result<String, SystemdError>;
     /// Dependencies and protections, for `berth check --live`.
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError>;
     /// The JobType of a job, if it still exists.
@@ -48,6 +51,11 @@ pub trait Ops {
 
     /// Unit state changes and new jobs, as they happen.
     async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError>;
+}
+
+/// An InvocationID (16 bytes) as systemd prints it: 32 hex digits.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn job(path: zbus::OwnedObjectPath) -> Job {
@@ -140,7 +148,7 @@ impl Ops for Systemd {
             load_state: LoadState::from(u.load_state),
             active_state: ActiveState::from(u.active_state),
             job_id: u.job.0,
-            invocation_id: u.invocation_id.iter().map(|b| format!("{b:02x}")).collect(),
+            invocation_id: hex(&u.invocation_id),
             ..Default::default()
         };
         if is_service && details.load_state == LoadState::Loaded {
@@ -150,6 +158,19 @@ impl Ops for Systemd {
             details.main_pid = pid?;
         }
         Ok(details)
+    }
+
+    async fn invocation_id_at(&self, path: &str) -> Result<String, SystemdError> {
+        let proxy = UnitProxy::builder(&self.conn)
+            .path(path.to_string())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| SystemdError::new("Get InvocationID of", path, e))?;
+        let id = self
+            .bounded("Get InvocationID of", path, proxy.invocation_id())
+            .await?;
+        Ok(hex(&id))
     }
 
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {
