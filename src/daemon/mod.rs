@@ -144,15 +144,22 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
 
     // One sync for every record the first pass writes, before READY.
     let batch = atomic::Batch::begin(&records::records_dir(&sup.root));
+    let pass_began = std::time::Instant::now();
     let running = sup.pass(true).await;
+    let pass_ms = pass_began.elapsed().as_millis();
     if let Err(e) = batch.commit() {
         sup.events
             .warn(&format!("cannot sync the records of the first pass: {e}"));
     }
+    let sync_ms = pass_began.elapsed().as_millis() - pass_ms;
     sup.events.emit(
         log::Level::Info,
         ADOPTED_MESSAGE_ID,
-        &[("BERTH_ADOPTED", running.to_string())],
+        &[
+            ("BERTH_ADOPTED", running.to_string()),
+            ("BERTH_PASS_MS", pass_ms.to_string()),
+            ("BERTH_SYNC_MS", sync_ms.to_string()),
+        ],
         &format!("adopted {running} running workloads (left untouched)"),
     );
     sup.log_health();
