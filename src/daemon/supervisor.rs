@@ -44,13 +44,7 @@ pub(super) struct Supervisor<O: Ops> {
     /// Object path → workload, from the listed units: what a
     /// PropertiesChanged signal names.
     paths: HashMap<String, String>,
-    /// What the first pass fetched ahead for adoptions, all at once.
-    prefetched: HashMap<String, UnitDetails>,
 }
-
-/// InvocationIDs asked for at once at the first pass: systemd answers
-/// them in turn, but the round trips overlap.
-const PREFETCH: usize = 32;
 
 impl<O: Ops> Supervisor<O> {
     pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
@@ -68,7 +62,6 @@ impl<O: Ops> Supervisor<O> {
             record_mtimes: HashMap::new(),
             live_names: BTreeSet::new(),
             paths: HashMap::new(),
-            prefetched: HashMap::new(),
         }
     }
 
@@ -102,9 +95,6 @@ impl<O: Ops> Supervisor<O> {
             }
         }
         self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
-        if first {
-            self.prefetch(&states).await;
-        }
         // What a busy lock deferred is looked at again now.
         let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
         for (name, active) in states {
@@ -122,7 +112,6 @@ impl<O: Ops> Supervisor<O> {
                 .insert(name.clone(), record_mtime(&self.root, &name));
             self.seen.insert(name, active);
         }
-        self.prefetched.clear();
         self.heartbeat = SystemTime::now();
         self.seen.retain(|name, _| self.live_names.contains(name));
         if let Some(api) = &self.api {
@@ -159,54 +148,6 @@ impl<O: Ops> Supervisor<O> {
         let deferred = std::mem::take(&mut self.deferred);
         for name in deferred {
             self.reconcile(&name, SeenBy::Scan, None).await;
-        }
-    }
-
-    /// A running workload without a record (a first start on a busy host,
-    /// or after `uninstall --purge`) is adopted with its InvocationID; a
-    /// thousand full `details()` one after the other took 2.7 s before
-    /// READY. Adoption needs only the InvocationID (the ActiveState is in
-    /// the listed row, an exit cause does not apply to a running unit):
-    /// one call each, by the listed object path, many at once. MainPID
-    /// follows after READY, with the API's other fills.
-    async fn prefetch(&mut self, states: &[(String, ActiveState)]) {
-        use futures_util::StreamExt;
-        let path_of: HashMap<&str, &str> = self.paths.iter().map(|(p, n)| (n.as_str(), p.as_str())).collect();
-        let need: Vec<(String, String, ActiveState)> = states
-            .iter()
-            .filter(|(name, active)| active.is_up() && record_mtime(&self.root, name).is_none())
-            .filter_map(|(name, active)| {
-                Some((
-                    name.clone(),
-                    path_of.get(name.as_str())?.to_string(),
-                    active.clone(),
-                ))
-            })
-            .collect();
-        let sd = &self.sd;
-        let fetched: Vec<_> = futures_util::stream::iter(need)
-            .map(|(name, path, active_state)| async move {
-                let id = sd.invocation_id_at(&path).await;
-                (name, active_state, id)
-            })
-            .buffer_unordered(PREFETCH)
-            .collect()
-            .await;
-        for (name, active_state, id) in fetched {
-            if let Ok(invocation_id) = id.map_err(|e| {
-                self.events
-                    .warn(&format!("cannot read the InvocationID of {name}: {e}"))
-            }) {
-                self.prefetched.insert(
-                    name,
-                    UnitDetails {
-                        load_state: crate::systemd::LoadState::Loaded,
-                        active_state,
-                        invocation_id,
-                        ..Default::default()
-                    },
-                );
-            }
         }
     }
 
@@ -263,20 +204,17 @@ impl<O: Ops> Supervisor<O> {
         }
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
-        let prefetched = self.prefetched.remove(name);
-        if (now == Settled::Running) != was_running && details.invocation_id.is_empty() {
-            details = match prefetched {
-                Some(details) => {
-                    // Its MainPID, for the API view, after READY.
-                    if self.api.is_some() {
-                        self.fill.push_back(name.to_string());
-                    }
-                    details
-                }
-                None => match self.details(&unit).await {
-                    Some(details) => details,
-                    None => return self.deferred.push(name.to_string()),
-                },
+        // An adoption records neither an exit cause nor an InvocationID:
+        // no details to ask for. A thousand record-less running workloads
+        // (a first start on a busy host, or after `uninstall --purge`) are
+        // adopted without a thousand round trips before READY.
+        let adopting = now == Settled::Running
+            && seen_by == SeenBy::Scan
+            && recorded.as_ref().is_none_or(|r| r.state == RecordState::Unknown);
+        if (now == Settled::Running) != was_running && details.invocation_id.is_empty() && !adopting {
+            details = match self.details(&unit).await {
+                Some(details) => details,
+                None => return self.deferred.push(name.to_string()),
             };
         } else if details.invocation_id.is_empty() && self.api.is_some() {
             self.fill.push_back(name.to_string());

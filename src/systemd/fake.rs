@@ -214,10 +214,6 @@ impl Ops for FakeOps {
         })
     }
 
-    async fn invocation_id_at(&self, path: &str) -> Result<String, SystemdError> {
-        Ok(format!("fake{}", path.len()))
-    }
-
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {
         Ok(UnitTopology {
             load_state: LoadState::Loaded,

@@ -25,9 +25,6 @@ pub trait Ops {
     async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError>;
     /// The unit's state and, for a service, its main process and last exit.
     async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError>;
-    /// The InvocationID of the unit at `path` (from a listed row): one
-    /// call, no LoadUnit; empty when the unit has never run.
-    async fn invocation_id_at(&self, path: &str) -> Result<String, SystemdError>;
     /// Dependencies and protections, for `berth check --live`.
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError>;
     /// The JobType of a job, if it still exists.
@@ -158,19 +155,6 @@ impl Ops for Systemd {
             details.main_pid = pid?;
         }
         Ok(details)
-    }
-
-    async fn invocation_id_at(&self, path: &str) -> Result<String, SystemdError> {
-        let proxy = UnitProxy::builder(&self.conn)
-            .path(path.to_string())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| SystemdError::new("Get InvocationID of", path, e))?;
-        let id = self
-            .bounded("Get InvocationID of", path, proxy.invocation_id())
-            .await?;
-        Ok(hex(&id))
     }
 
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {

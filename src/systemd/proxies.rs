@@ -81,8 +81,6 @@ pub trait UnitProperties {
 pub trait Unit {
     #[zbus(property)]
     fn active_state(&self) -> zbus::Result<String>;
-    #[zbus(property, name = "InvocationID")]
-    fn invocation_id(&self) -> zbus::Result<Vec<u8>>;
 }
 
 /// The Service properties a state observation needs, read one by one:
