@@ -172,6 +172,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     let mut reconcile_tick = tokio::time::interval(interval);
     let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
+    let mut adopt_tick = tokio::time::interval(Duration::from_millis(2));
     let gc_every = options
         .gc_interval
         .unwrap_or(Duration::from_secs(sup.loaded.host.daemon.gc_interval_s));
@@ -189,6 +190,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         tokio::select! {
             Some(change) = changes.recv() => sup.on_change(change).await,
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
+            _ = adopt_tick.tick(), if !sup.adopt_later.is_empty() => sup.adopt_next().await,
             _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
                 // A package upgrade (or make install) replaced the binary

@@ -44,7 +44,18 @@ pub(super) struct Supervisor<O: Ops> {
     /// Object path → workload, from the listed units: what a
     /// PropertiesChanged signal names.
     paths: HashMap<String, String>,
+    /// Running workloads the first pass found without a record: adopted
+    /// in memory before READY, their records written after it, a chunk at
+    /// a time. Creating a thousand files took most of a second on a slow
+    /// disk, for records that only say "running since adoption" and are
+    /// rebuilt from systemd's state if lost.
+    pub(super) adopt_later: VecDeque<String>,
+    /// Set during the first pass: adoptions go to `adopt_later`.
+    defer_adoptions: bool,
 }
+
+/// Adoption records written per turn of the loop after READY.
+const ADOPT_CHUNK: usize = 64;
 
 impl<O: Ops> Supervisor<O> {
     pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
@@ -62,6 +73,8 @@ impl<O: Ops> Supervisor<O> {
             record_mtimes: HashMap::new(),
             live_names: BTreeSet::new(),
             paths: HashMap::new(),
+            adopt_later: VecDeque::new(),
+            defer_adoptions: false,
         }
     }
 
@@ -95,6 +108,7 @@ impl<O: Ops> Supervisor<O> {
             }
         }
         self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
+        self.defer_adoptions = first;
         // What a busy lock deferred is looked at again now.
         let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
         for (name, active) in states {
@@ -112,6 +126,7 @@ impl<O: Ops> Supervisor<O> {
                 .insert(name.clone(), record_mtime(&self.root, &name));
             self.seen.insert(name, active);
         }
+        self.defer_adoptions = false;
         self.heartbeat = SystemTime::now();
         self.seen.retain(|name, _| self.live_names.contains(name));
         if let Some(api) = &self.api {
@@ -148,6 +163,22 @@ impl<O: Ops> Supervisor<O> {
         let deferred = std::mem::take(&mut self.deferred);
         for name in deferred {
             self.reconcile(&name, SeenBy::Scan, None).await;
+        }
+    }
+
+    /// Writes the next chunk of adoption records the first pass deferred,
+    /// durable together (one sync per chunk).
+    pub(super) async fn adopt_next(&mut self) {
+        let batch = crate::state::atomic::Batch::begin(&records::records_dir(&self.root));
+        for _ in 0..ADOPT_CHUNK {
+            let Some(name) = self.adopt_later.pop_front() else {
+                break;
+            };
+            let known = self.seen.get(&name).cloned();
+            self.reconcile(&name, SeenBy::Scan, known).await;
+        }
+        if let Err(e) = batch.commit() {
+            self.events.warn(&format!("cannot sync adoption records: {e}"));
         }
     }
 
@@ -211,6 +242,10 @@ impl<O: Ops> Supervisor<O> {
         let adopting = now == Settled::Running
             && seen_by == SeenBy::Scan
             && recorded.as_ref().is_none_or(|r| r.state == RecordState::Unknown);
+        if adopting && recorded.is_none() && self.defer_adoptions {
+            self.adopt_later.push_back(name.to_string());
+            return;
+        }
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() && !adopting {
             details = match self.details(&unit).await {
                 Some(details) => details,
@@ -441,7 +476,14 @@ mod tests {
             .unit("adhoc", true, Behaviour::Takes(Duration::ZERO));
         let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
         sup.pass(true).await;
-        assert!(records::load(&root, "web").unwrap().is_some());
+        // Adopted before READY, recorded after it.
+        assert!(records::load(&root, "web").unwrap().is_none());
+        assert_eq!(sup.adopt_later.len(), 2);
+        sup.adopt_next().await;
+        assert!(sup.adopt_later.is_empty());
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(web.state, RecordState::Running);
+        assert!(web.adopted_at.is_some());
         assert!(
             records::load(&root, "adhoc").unwrap().is_some(),
             "a running instance is followed, configured or not"
