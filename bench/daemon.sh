@@ -57,8 +57,15 @@ cold_ms=$(printf '%s\n' "${cold[@]}" | median)
 # Where the time of the last cold start went (the daemon's own account).
 cold_split=$(ct journalctl -u berth-daemon.service -o verbose --no-pager -n 400 |
     awk '/BERTH_PASS_MS=/ { p = $1 } /BERTH_SYNC_MS=/ { s = $1 } END { print p, s }')
-cold_records=$(ct sh -c 'ls /var/lib/berth/records | grep -c "\.json$"')
-[ "$cold_records" -ge 1000 ] || die "cold adoption wrote $cold_records records, not 1000"
+# The adoption records follow READY, a chunk at a time: wait for them.
+records_after=-1
+t0=$(date +%s%N)
+for i in $(seq 300); do
+    cold_records=$(ct sh -c 'ls /var/lib/berth/records 2>/dev/null | grep -c "\.json$" || true')
+    if [ "$cold_records" -ge 1000 ]; then records_after=$(( ($(date +%s%N) - t0) / 1000000 )); break; fi
+    sleep 0.1
+done
+[ "$cold_records" -ge 1000 ] || die "cold adoption wrote $cold_records records, not 1000, in 30 s"
 check_adopted=$(ct journalctl -u berth-daemon.service --no-pager | grep -c 'adopted 1000 running workloads' || true)
 [ "$check_adopted" -ge 5 ] || die "the daemon did not report adopting 1000 workloads"
 
@@ -142,6 +149,6 @@ p4_p99=${p4#* }
 echo "supervisor benchmarks: Debian systemd 252 in systemd-nspawn"
 printf 'P4 SIGKILL -> MODIFIED event, %d kills: median %s ms (target <= 5), p99 %s ms (target <= 50)\n' "$KILLS" "$p4_median" "$p4_p99"
 printf 'P5 adoption of 1000 running workloads, daemon start -> READY: median of 5: %s ms (target <= 250)\n' "$adopt_ms"
-printf 'P5 cold adoption (no records: 1000 written), daemon start -> READY: median of 5: %s ms (target <= 250); last run: %s\n' "$cold_ms" "$cold_split"
+printf 'P5 cold adoption (no records: 1000 written), daemon start -> READY: median of 5: %s ms (target <= 250); last run: %s; all 1000 records within %s ms of READY\n' "$cold_ms" "$cold_split" "$records_after"
 printf 'P5 CPU time over %d s idle with 500 workloads: %s s (target <= 0.1); RSS %d KiB = %.1f MiB (target <= 15)\n' \
     "$IDLE_S" "$cpu_s" "$rss_kib" "$(awk -v k="$rss_kib" 'BEGIN { print k / 1024 }')"

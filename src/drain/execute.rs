@@ -11,12 +11,13 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use super::plan::{self, Target};
-use super::report::{record, summarize, write};
+use super::report::{log_outcome, record, summarize, write, write_record};
 use crate::config::{Loaded, StopAction};
 use crate::events::Events;
 use crate::paths::Root;
 use crate::state::drain_report::{Outcome, Report, StopResult};
 use crate::state::lock;
+use crate::state::records::Updated;
 use crate::systemd::{ActiveState, Job, JobResult, Ops, SystemdError, UnitStatus};
 use crate::time::rfc3339;
 
@@ -118,6 +119,7 @@ async fn stop_groups<O: Ops>(
     deadline: Instant,
     results: &mut Vec<StopResult>,
 ) {
+    let mut records = Vec::new();
     let mut groups = groups.into_iter();
     while let Some(mut group) = groups.next() {
         // Past the deadline the remaining groups are one batch: everything
@@ -158,7 +160,7 @@ async fn stop_groups<O: Ops>(
             };
             match next {
                 Some((r, lock)) if Instant::now() >= deadline && queue.len() > 0 => {
-                    record(root, &r, lock.as_ref(), events);
+                    records.push(record_aside(root, &r, lock, events));
                     results.push(r);
                     // The deadline passed inside this group: pull the later
                     // groups into it.
@@ -166,15 +168,38 @@ async fn stop_groups<O: Ops>(
                     queue = rest.into_iter();
                 }
                 Some((r, lock)) => {
-                    // Recorded as each finishes: if systemd ever kills the
-                    // drain, what was done is already in the journal.
-                    record(root, &r, lock.as_ref(), events);
+                    // Logged as each finishes: if systemd ever kills the
+                    // drain, what was done is already in the journal. The
+                    // record is written off this thread, so that its
+                    // fsyncs never delay the next stop.
+                    records.push(record_aside(root, &r, lock, events));
                     results.push(r);
                 }
                 None => break,
             }
         }
     }
+    // Every record written before the report is.
+    for (name, written) in records {
+        let recorded = written
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("the record writer failed: {e}"))));
+        events.recorded(&name, recorded);
+    }
+}
+
+/// Logs a workload's outcome now and writes its record on the blocking
+/// pool; the handle says how the write went.
+fn record_aside(
+    root: &Root,
+    r: &StopResult,
+    lock: Option<std::fs::File>,
+    events: &Events,
+) -> (String, tokio::task::JoinHandle<std::io::Result<Updated>>) {
+    log_outcome(r, events);
+    let (root, result) = (root.clone(), r.clone());
+    let written = tokio::task::spawn_blocking(move || write_record(&root, &result, lock.as_ref()));
+    (r.workload.clone(), written)
 }
 
 /// After the deadline, what is left is forced off at once; if systemd has

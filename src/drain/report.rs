@@ -9,7 +9,7 @@ use crate::config::Loaded;
 use crate::events::Events;
 use crate::paths::Root;
 use crate::state::drain_report::{self, Outcome, Report, StopResult};
-use crate::state::records::{self, RecordState, TransitionReason};
+use crate::state::records::{self, RecordState, TransitionReason, Updated};
 use crate::systemd::SystemdError;
 use crate::time::rfc3339;
 
@@ -65,6 +65,13 @@ pub(super) fn write(root: &Root, report: &Report, events: &Events) {
 /// One workload's outcome: into its record (under the lock the stop held,
 /// when it had one) and the journal.
 pub(super) fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, events: &Events) {
+    events.recorded(&r.workload, write_record(root, r, lock));
+    log_outcome(r, events);
+}
+
+/// The record part of [`record`]: blocking file work (a lock, a write, two
+/// fsyncs), which the drain runs off its runtime's thread.
+pub(super) fn write_record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>) -> io::Result<Updated> {
     let now = rfc3339(SystemTime::now());
     let change = |rec: &mut records::Record| {
         // Only a stop the drain made is a transition; AlreadyOff keeps the
@@ -84,15 +91,18 @@ pub(super) fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, 
     };
     // Without the stop's lock, only if it is free now: bookkeeping never
     // delays the stops still to come.
-    let recorded = match lock {
+    match lock {
         Some(lock) => records::update_locked(root, &r.workload, lock, change),
         None => records::try_update(root, &r.workload, change).and_then(|updated| {
             updated.ok_or_else(|| {
                 io::Error::new(io::ErrorKind::WouldBlock, "its lock is held; record not updated")
             })
         }),
-    };
-    events.recorded(&r.workload, recorded);
+    }
+}
+
+/// The journal part of [`record`]: one event per workload outcome.
+pub(super) fn log_outcome(r: &StopResult, events: &Events) {
     let mut fields = vec![
         ("BERTH_WORKLOAD", r.workload.clone()),
         ("BERTH_OUTCOME", r.outcome.as_str().to_string()),
