@@ -273,6 +273,19 @@ fn env_root() -> PathBuf {
     }
 }
 
+/// Gives `path` `mode` and, when the group `berth` exists, that group:
+/// how berth shares its runtime directory and API socket with the
+/// group's members. A failing chgrp (a user manager whose user is not in
+/// the group) is harmless and ignored.
+pub fn share_with_berth_group(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Ok(Some(group)) = nix::unistd::Group::from_name("berth") {
+        let _ = nix::unistd::chown(path, None, Some(group.gid));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
 use super::routes::{Reply, route};
 use super::{Event, Shared};
+use crate::paths::share_with_berth_group;
 
 /// A request head larger than this is refused (431); hyper's minimum.
 const MAX_HEAD: usize = 8 * 1024;
@@ -64,18 +65,11 @@ type ResponseBody = BoxBody<Bytes, Infallible>;
 /// single-instance lock rules out a live daemon behind it); anything else
 /// there is an error, left as it is.
 pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
-    let group = nix::unistd::Group::from_name("berth")
-        .ok()
-        .flatten()
-        .map(|g| g.gid);
     if let Some(dir) = path.parent()
         && !dir.exists()
     {
         std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
-        if group.is_some() {
-            let _ = nix::unistd::chown(dir, None, group);
-        }
+        share_with_berth_group(dir, 0o750)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
@@ -89,10 +83,7 @@ pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
         Err(e) => return Err(e),
     }
     let std_listener = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    if group.is_some() {
-        let _ = nix::unistd::chown(path, None, group);
-    }
+    share_with_berth_group(path, 0o660)?;
     std_listener.set_nonblocking(true)?;
     let rt = crate::systemd::runtime()?;
     std::thread::Builder::new()
@@ -402,7 +393,7 @@ mod tests {
     /// directory to 0750 and deleted a regular file at the socket path.
     #[test]
     fn only_berths_own_directory_and_a_stale_socket_are_touched() {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = tempfile::tempdir().unwrap();
         let shared_dir = dir.path().join("tmp");
         std::fs::create_dir(&shared_dir).unwrap();

@@ -3,12 +3,12 @@
 
 use serde_json::{Value, json};
 
-use super::{block_on, say, say_error};
+use super::{say, say_error, with_systemd};
 use crate::config::{self, Loaded};
 use crate::names::{instance_of, unit_name};
 use crate::paths::Root;
 use crate::state::records::{self, Record};
-use crate::systemd::{ActiveState, Ops, Systemd, UnitDetails};
+use crate::systemd::{ActiveState, Ops, UnitDetails};
 
 /// Every loaded `berth@*.service` with its details, or None when systemd
 /// cannot be asked.
@@ -27,12 +27,9 @@ async fn live_workloads<O: Ops>(sd: &O) -> Option<Vec<(String, UnitDetails)>> {
 
 pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     let loaded = config::load(root);
-    let live = block_on(async {
-        let sd = Systemd::connect(root.manager()).await.ok()?;
-        live_workloads(&sd).await
-    })
-    .ok()
-    .flatten();
+    let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd).await) })
+        .ok()
+        .flatten();
     let mut names: Vec<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
     for (n, _) in live.iter().flatten() {
         if !names.contains(n) {

@@ -2,10 +2,9 @@
 
 use serde_json::Value;
 
-use super::{block_on, say};
+use super::{say, with_systemd};
 use crate::paths::{Manager, Root, UserEnvError};
 use crate::status::{self, Unreachable};
-use crate::systemd::Systemd;
 
 pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool) -> i32 {
     let v = match &root {
@@ -24,15 +23,8 @@ pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool
 }
 
 fn live(root: &Root) -> Result<serde_json::Map<String, Value>, Unreachable> {
-    let asked = block_on(async {
-        let sd = Systemd::connect(root.manager()).await?;
-        status::live_units(&sd).await
-    });
-    match asked {
-        Ok(Ok(units)) => Ok(units),
-        Ok(Err(e)) => Err(Unreachable(e.to_string())),
-        Err(e) => Err(Unreachable(format!("{e:#}"))),
-    }
+    with_systemd(root, |sd| async move { Ok(status::live_units(&sd).await?) })
+        .map_err(|e| Unreachable(format!("{e:#}")))
 }
 
 pub fn text(v: &Value) -> String {

@@ -112,8 +112,14 @@ impl Loaded {
         self.errors.is_empty()
     }
 
+    /// By name: `workloads` is sorted by name (the daemon asks once per
+    /// listed unit per pass).
     pub fn workload(&self, name: &str) -> Option<&Workload> {
-        self.workloads.iter().find(|w| w.name == name)
+        let i = self
+            .workloads
+            .binary_search_by(|w| w.name.as_str().cmp(name))
+            .ok()?;
+        Some(&self.workloads[i])
     }
 }
 
@@ -138,6 +144,8 @@ fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
             Err(mut e) => errors.append(&mut e),
         }
     }
+    // Found in file-name order ("a-b.toml" before "a.toml"); by name here.
+    workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
     Loaded {
         host,
@@ -175,4 +183,28 @@ pub fn load_one(root: &Root, name: &str) -> Result<Workload, Vec<ConfigError>> {
         })
         .collect();
     Err(mine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// File-name order ("a-b.toml" < "a.toml") is not name order ("a" <
+    /// "a-b"); `workload()` searches by name.
+    #[test]
+    fn workloads_are_sorted_by_name_and_found_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        for name in ["a", "a-b", "a.c", "b_1", "B"] {
+            std::fs::write(etc.join(format!("{name}.toml")), "exec = [\"/bin/x\"]\n").unwrap();
+        }
+        let loaded = load(&Root::new(dir.path()));
+        let names: Vec<&str> = loaded.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["B", "a", "a-b", "a.c", "b_1"]);
+        for name in names {
+            assert_eq!(loaded.workload(name).map(|w| w.name.as_str()), Some(name));
+        }
+        assert!(loaded.workload("a-").is_none());
+    }
 }

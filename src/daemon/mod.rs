@@ -93,14 +93,8 @@ impl Exit {
 /// that group exists, so its members reach the API socket inside; the
 /// locks beside it sit in a 0700 directory of their own.
 fn own_runtime_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
-    if let Ok(Some(group)) = nix::unistd::Group::from_name("berth") {
-        // Fails for a user manager whose user is not in the group: harmless.
-        let _ = nix::unistd::chown(dir, None, Some(group.gid));
-    }
-    Ok(())
+    crate::paths::share_with_berth_group(dir, 0o750)
 }
 
 /// Runs the supervisor until SIGTERM or a relaunch.
