@@ -3,7 +3,9 @@
 #   make                      build binaries and units (release)
 #   make install DESTDIR= PREFIX=
 #   make check                the whole test suite: lint, cargo tests, and
-#                             container scenarios (root: boots systemd)
+#                             container scenarios (root: boots systemd),
+#                             the fault-injection suite included
+#   make check-faults         the fault-injection suite alone
 #   make demo                 a throwaway systemd container running the examples
 #   make deb [DEB_VERSION=]   the Debian package, into $(BUILD_DIR)/deb/
 #
@@ -41,7 +43,7 @@ UNITS := berth.target berth.slice berth-drain.service berth-autostart.service be
 
 INSTALL ?= install
 
-.PHONY: all build units man completions install uninstall deb deps lint check demo bench clean FORCE
+.PHONY: all build units man completions install uninstall deb deps lint check check-faults demo bench clean FORCE
 all: build units man completions
 
 build:
@@ -135,12 +137,19 @@ lint:
 # container scenarios against a real systemd, twice: Debian 12's systemd 252
 # and Debian 13's systemd 257 (they differ where berth must care, e.g. a
 # user manager's %S).
+# The fault-injection suite (tests/harness/faults: daemon kills under
+# churn, a drain against a stalled bus, an API flood) runs with them; `make
+# check-faults` runs it alone.
 HARNESS_SUITES ?= bookworm trixie
 check: deps
 	$(MAKE) all
 	$(MAKE) lint
 	$(CARGO) test $(CARGO_FLAGS)
-	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite tests/harness/run || exit 1; done
+	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite HARNESS_SETS="scenarios faults" tests/harness/run || exit 1; done
+
+check-faults: deps
+	$(MAKE) all
+	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite HARNESS_SETS=faults tests/harness/run || exit 1; done
 
 demo: deps
 	$(MAKE) all

@@ -70,6 +70,21 @@ pub enum Decision {
     Transition(TransitionReason),
 }
 
+/// Whether a job can take a unit down: a stop, a restart, and a job whose
+/// type could not be read (it was gone when asked: a quick stop ends
+/// before the question arrives; see [`JOB_GONE`]). A start, reload or
+/// verify job cannot.
+fn may_stop(job: &JobType) -> bool {
+    !matches!(
+        job,
+        JobType::Start | JobType::Reload | JobType::ReloadOrStart | JobType::VerifyActive | JobType::Nop
+    )
+}
+
+/// What the supervisor notes for a job that was gone before its type
+/// could be read.
+pub const JOB_GONE: &str = "gone";
+
 /// The rule: `record` as the supervisor last wrote it (or a fresh one),
 /// `now` the settled state seen with its InvocationID (`None` when not
 /// known), `job` a start or stop job seen for the unit recently.
@@ -85,6 +100,11 @@ pub fn classify(
         // Running before and now: a new invocation is a restart someone
         // else made; otherwise at most note the invocation.
         (RecordState::Running, true) => match (record.invocation_id.as_deref(), invocation_id) {
+            // Seen by a pass with no job to explain it: the exit and the
+            // start both happened unwatched (the daemon was down).
+            (Some(old), Some(new)) if old != new && seen_by == SeenBy::Scan && job.is_none() => {
+                Decision::Transition(TransitionReason::Replaced)
+            }
             (Some(old), Some(new)) if old != new => Decision::Transition(TransitionReason::StartUser),
             (None, Some(_)) => Decision::NoteInvocation,
             _ => Decision::Nothing,
@@ -94,7 +114,7 @@ pub fn classify(
         (RecordState::Unknown, true) if seen_by == SeenBy::Scan => Decision::Adopt,
         (_, true) => Decision::Transition(TransitionReason::StartUser),
         (RecordState::Running, false) => match job {
-            Some(JobType::Stop | JobType::Restart) => Decision::Transition(TransitionReason::StopUser),
+            Some(job) if may_stop(job) => Decision::Transition(TransitionReason::StopUser),
             _ => Decision::Transition(TransitionReason::UnexpectedExit),
         },
         (_, false) if record.state == now.record_state() => Decision::Nothing,
@@ -158,12 +178,22 @@ mod tests {
                 Decision::Transition(T::StartUser),
             ),
             (
-                "... also when a scan finds it (restarted while the daemon was down)",
+                "a scan that finds a new InvocationID with no job: replaced while unwatched",
                 R::Running,
                 Some("a"),
                 Running,
                 Some("b"),
                 None,
+                Scan,
+                Decision::Transition(T::Replaced),
+            ),
+            (
+                "... but a restart job seen explains it: start-user",
+                R::Running,
+                Some("a"),
+                Running,
+                Some("b"),
+                restart.clone(),
                 Scan,
                 Decision::Transition(T::StartUser),
             ),
@@ -276,6 +306,26 @@ mod tests {
                 None,
                 Signal,
                 Decision::Transition(T::UnexpectedExit),
+            ),
+            (
+                "a job gone before its type was read, then down: a quick stop",
+                R::Running,
+                Some("a"),
+                Stopped,
+                None,
+                Some(JobType::Other(JOB_GONE.into())),
+                Signal,
+                Decision::Transition(T::StopUser),
+            ),
+            (
+                "a try-restart job is a stop too",
+                R::Running,
+                Some("a"),
+                Stopped,
+                None,
+                Some(JobType::TryRestart),
+                Signal,
+                Decision::Transition(T::StopUser),
             ),
             (
                 "... and a start job is no excuse for going down",

@@ -166,7 +166,9 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     let mut reconcile_tick = tokio::time::interval(interval);
     let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
-    let mut adopt_tick = tokio::time::interval(Duration::from_millis(2));
+    let mut after_ready_tick = tokio::time::interval(Duration::from_millis(2));
+    let mut sync_tick = tokio::time::interval(supervisor::SYNC_EVERY);
+    let (synced_tx, mut synced) = tokio::sync::mpsc::unbounded_channel();
     let gc_every = options
         .gc_interval
         .unwrap_or(Duration::from_secs(sup.loaded.host.daemon.gc_interval_s));
@@ -184,13 +186,20 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         tokio::select! {
             Some(change) = changes.recv() => sup.on_change(change).await,
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
-            _ = adopt_tick.tick(), if !sup.adopt_later.is_empty() => sup.adopt_next().await,
+            _ = after_ready_tick.tick(), if !sup.after_ready.is_empty() => sup.look_closer_next().await,
+            _ = sync_tick.tick(), if sup.wants_sync() => sup.sync_records(synced_tx.clone()),
+            Some(result) = synced.recv() => {
+                sup.syncing = false;
+                if let Err(e) = result {
+                    sup.events.warn(&format!("cannot sync the records: {e}"));
+                }
+            }
             _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
                 // A package upgrade (or make install) replaced the binary
                 // under us: noticed within one interval, no signal needed.
                 if binary_replaced() {
-                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
                 }
                 let running = sup.pass(false).await;
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
@@ -212,11 +221,11 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                     sup.events.warn(&format!("watchdog ping failed: {e}"));
                 }
             }
-            _ = sigterm.recv() => return Ok(leave(&sup.events, &socket, Exit::Stopped, "")),
+            _ = sigterm.recv() => return Ok(leave(&mut sup, &socket, Exit::Stopped, "")),
             _ = sighup.recv() => {
                 let fresh = config::load(&sup.root);
                 if binary_replaced() {
-                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
                 }
                 if fresh.host.daemon != sup.loaded.host.daemon {
                     // New unit settings (WatchdogSec) come from the generator:
@@ -224,7 +233,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                     if let Err(e) = sup.sd.reload().await {
                         sup.events.warn(&format!("daemon settings changed, but systemd could not be reloaded: {e}"));
                     }
-                    return Ok(leave(&sup.events, &socket, Exit::Relaunch, "daemon settings changed: systemd reloaded, relaunching (exit 75)"));
+                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "daemon settings changed: systemd reloaded, relaunching (exit 75)"));
                 }
                 sup.loaded = fresh;
                 sup.events.info("reloaded the workload definitions");
@@ -233,10 +242,14 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     }
 }
 
-/// The one way out of the loop: say why, tell systemd, remove the socket.
-fn leave(events: &Events, socket: &Path, exit: Exit, why: &str) -> Exit {
+/// The one way out of the loop: say why, tell systemd, make the records
+/// durable, remove the socket.
+fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, exit: Exit, why: &str) -> Exit {
     if !why.is_empty() {
-        events.info(why);
+        sup.events.info(why);
+    }
+    if let Err(e) = sup.sync_now() {
+        sup.events.warn(&format!("cannot sync the records: {e}"));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     api::stop(socket);

@@ -44,18 +44,32 @@ pub(super) struct Supervisor<O: Ops> {
     /// Object path → workload, from the listed units: what a
     /// PropertiesChanged signal names.
     paths: HashMap<String, String>,
-    /// Running workloads the first pass found without a record: adopted
-    /// in memory before READY, their records written after it, a chunk at
-    /// a time. Creating a thousand files took most of a second on a slow
-    /// disk, for records that only say "running since adoption" and are
-    /// rebuilt from systemd's state if lost.
-    pub(super) adopt_later: VecDeque<String>,
-    /// Set during the first pass: adoptions go to `adopt_later`.
-    defer_adoptions: bool,
+    /// Running workloads the first pass found: looked at closely after
+    /// READY, a chunk at a time. Their InvocationID is read (a new one
+    /// than the record's is a restart made while no supervisor watched;
+    /// a record without one gets it, so that the next such restart is
+    /// seen) and adoption records are written. Creating a thousand files
+    /// took most of a second on a slow disk, and a thousand round trips
+    /// more: READY does not wait for either.
+    pub(super) after_ready: VecDeque<String>,
+    /// Set during the first pass: running workloads go to `after_ready`.
+    first_pass: bool,
+    /// Records written (renamed into place) but not yet fsynced: the
+    /// loop hands them to a blocking thread every [`SYNC_EVERY`], so no
+    /// fsync ever runs on the loop, and a transition is logged right
+    /// after its record is in place, not after a slow disk's sync (a
+    /// daemon killed in between would have left the record without its
+    /// line).
+    unsynced: BTreeSet<String>,
+    /// A sync of `unsynced` is running on the blocking pool.
+    pub(super) syncing: bool,
 }
 
-/// Adoption records written per turn of the loop after READY.
-const ADOPT_CHUNK: usize = 64;
+/// How often the daemon's loop hands written records to a sync.
+pub(super) const SYNC_EVERY: Duration = Duration::from_millis(200);
+
+/// Workloads looked at closely per turn of the loop after READY.
+const AFTER_READY_CHUNK: usize = 64;
 
 impl<O: Ops> Supervisor<O> {
     pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
@@ -73,8 +87,10 @@ impl<O: Ops> Supervisor<O> {
             record_mtimes: HashMap::new(),
             live_names: BTreeSet::new(),
             paths: HashMap::new(),
-            adopt_later: VecDeque::new(),
-            defer_adoptions: false,
+            after_ready: VecDeque::new(),
+            first_pass: false,
+            unsynced: BTreeSet::new(),
+            syncing: false,
         }
     }
 
@@ -108,7 +124,7 @@ impl<O: Ops> Supervisor<O> {
             }
         }
         self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
-        self.defer_adoptions = first;
+        self.first_pass = first;
         // What a busy lock deferred is looked at again now.
         let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
         for (name, active) in states {
@@ -117,7 +133,11 @@ impl<O: Ops> Supervisor<O> {
             let touched = self.record_mtimes.get(&name) != Some(&record_mtime(&self.root, &name));
             let changed = self.seen.get(&name) != Some(&active);
             if first || changed || touched || deferred.contains(&name) {
-                self.reconcile(&name, SeenBy::Scan, Some(active.clone())).await;
+                let listed = UnitDetails {
+                    active_state: active.clone(),
+                    ..Default::default()
+                };
+                self.reconcile(&name, SeenBy::Scan, Some(listed)).await;
             }
             if active.is_up() {
                 running += 1;
@@ -126,7 +146,7 @@ impl<O: Ops> Supervisor<O> {
                 .insert(name.clone(), record_mtime(&self.root, &name));
             self.seen.insert(name, active);
         }
-        self.defer_adoptions = false;
+        self.first_pass = false;
         self.heartbeat = SystemTime::now();
         self.seen.retain(|name, _| self.live_names.contains(name));
         if let Some(api) = &self.api {
@@ -148,15 +168,20 @@ impl<O: Ops> Supervisor<O> {
     pub(super) async fn on_change(&mut self, change: Change) {
         match change {
             Change::JobNew { job, unit } => {
-                if instance_of(&unit).is_some()
-                    && let Some(kind) = self.sd.job_type(&job).await
-                {
+                if instance_of(&unit).is_some() {
+                    // A job that is gone by the time it is asked about ran
+                    // and ended at once: noted as such (a quick stop).
+                    let kind = self
+                        .sd
+                        .job_type(&job)
+                        .await
+                        .unwrap_or_else(|| JobType::Other(classify::JOB_GONE.into()));
                     self.jobs.insert(unit, (kind, Instant::now()));
                 }
             }
-            Change::Properties { path } => {
+            Change::Properties { path, observed } => {
                 if let Some(name) = self.workload_at(&path).await {
-                    self.reconcile(&name, SeenBy::Signal, None).await;
+                    self.reconcile(&name, SeenBy::Signal, observed).await;
                 }
             }
         }
@@ -166,20 +191,43 @@ impl<O: Ops> Supervisor<O> {
         }
     }
 
-    /// Writes the next chunk of adoption records the first pass deferred,
-    /// durable together (one sync per chunk).
-    pub(super) async fn adopt_next(&mut self) {
-        let batch = crate::state::atomic::Batch::begin(&records::records_dir(&self.root));
-        for _ in 0..ADOPT_CHUNK {
-            let Some(name) = self.adopt_later.pop_front() else {
+    /// Looks closely at the next chunk of the workloads the first pass
+    /// found running; the records this writes are durable together (one
+    /// sync per chunk).
+    pub(super) async fn look_closer_next(&mut self) {
+        for _ in 0..AFTER_READY_CHUNK {
+            let Some(name) = self.after_ready.pop_front() else {
                 break;
             };
-            let known = self.seen.get(&name).cloned();
-            self.reconcile(&name, SeenBy::Scan, known).await;
+            self.reconcile(&name, SeenBy::Scan, None).await;
         }
-        if let Err(e) = batch.commit() {
-            self.events.warn(&format!("cannot sync adoption records: {e}"));
-        }
+    }
+
+    /// Whether records wait for a sync and none is running.
+    pub(super) fn wants_sync(&self) -> bool {
+        !self.unsynced.is_empty() && !self.syncing
+    }
+
+    /// The same sync, here and now: on the way out.
+    pub(super) fn sync_now(&mut self) -> std::io::Result<()> {
+        sync_paths(self.unsynced_paths(), records::records_dir(&self.root))
+    }
+
+    fn unsynced_paths(&mut self) -> Vec<std::path::PathBuf> {
+        std::mem::take(&mut self.unsynced)
+            .iter()
+            .map(|name| records::record_path(&self.root, name))
+            .collect()
+    }
+
+    /// Syncs the records written since the last sync, and their
+    /// directory, on the blocking pool; the result comes back on `done`.
+    pub(super) fn sync_records(&mut self, done: tokio::sync::mpsc::UnboundedSender<std::io::Result<()>>) {
+        let (paths, dir) = (self.unsynced_paths(), records::records_dir(&self.root));
+        self.syncing = true;
+        tokio::task::spawn_blocking(move || {
+            let _ = done.send(sync_paths(paths, dir));
+        });
     }
 
     /// Whether a loaded `berth@NAME.service` is berth's to record: a valid
@@ -213,15 +261,13 @@ impl<O: Ops> Supervisor<O> {
 
     /// Compares systemd's state of one workload with its record and records
     /// the transition nobody else recorded.
-    async fn reconcile(&mut self, name: &str, seen_by: SeenBy, known: Option<ActiveState>) {
+    /// `known`: what a signal showed (the state at that moment, complete)
+    /// or a pass listed (the ActiveState alone: details are fetched only
+    /// when a transition is to be recorded); None: ask systemd now.
+    async fn reconcile(&mut self, name: &str, seen_by: SeenBy, known: Option<UnitDetails>) {
         let unit = names::unit_name(name);
-        // From a pass the ActiveState is known: details (exit cause, pid)
-        // are fetched only when a transition is to be recorded.
         let mut details = match known {
-            Some(active_state) => UnitDetails {
-                active_state,
-                ..Default::default()
-            },
+            Some(known) => known,
             None => match self.details(&unit).await {
                 Some(details) => details,
                 None => return self.deferred.push(name.to_string()),
@@ -242,8 +288,8 @@ impl<O: Ops> Supervisor<O> {
         let adopting = now == Settled::Running
             && seen_by == SeenBy::Scan
             && recorded.as_ref().is_none_or(|r| r.state == RecordState::Unknown);
-        if adopting && recorded.is_none() && self.defer_adoptions {
-            self.adopt_later.push_back(name.to_string());
+        if self.first_pass && (adopting || (was_running && now == Settled::Running)) {
+            self.after_ready.push_back(name.to_string());
             return;
         }
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() && !adopting {
@@ -260,6 +306,11 @@ impl<O: Ops> Supervisor<O> {
             .get(&unit)
             .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
             .map(|(kind, _)| kind.clone());
+        // A gone job that left the unit running (a start of a running
+        // unit ends at once too) explains no later exit.
+        if now == Settled::Running && job.as_ref().is_some_and(|j| j.as_str() == classify::JOB_GONE) {
+            self.jobs.remove(&unit);
+        }
         let stamp = rfc3339(SystemTime::now());
         // The definition on disk now (a daemon-reload may have brought a
         // new one since this daemon read its config), read only when a
@@ -267,8 +318,10 @@ impl<O: Ops> Supervisor<O> {
         let root = self.root.clone();
         let definition =
             || config::load_workload(&root, name).map(|w| crate::render::definition_fingerprint(&root, &w));
-        let events = &self.events;
         let current = Some(details.invocation_id.clone()).filter(|i| !i.is_empty());
+        let events = &self.events;
+        // Written in place without waiting for the disk: see `unsynced`.
+        let unsynced = crate::state::atomic::Batch::begin(&records::records_dir(&self.root));
         let outcome = records::try_update(&self.root, name, |r| {
             match classify::classify(r, now, current.as_deref(), job.as_ref(), seen_by) {
                 Decision::Nothing => false,
@@ -279,6 +332,7 @@ impl<O: Ops> Supervisor<O> {
                 Decision::Adopt => {
                     r.state = RecordState::Running;
                     r.adopted_at = Some(stamp.clone());
+                    r.invocation_id = current.clone();
                     false
                 }
                 Decision::Refine => {
@@ -286,6 +340,12 @@ impl<O: Ops> Supervisor<O> {
                     false
                 }
                 Decision::Transition(reason) => {
+                    // A stop ends the recorded instance; a start ends it
+                    // only if it was another one (a restart).
+                    let ended = r
+                        .invocation_id
+                        .clone()
+                        .filter(|old| now != Settled::Running || Some(old) != current.as_ref());
                     r.state = now.record_state();
                     r.detected_by = Some(seen_by.as_str().into());
                     if now == Settled::Running {
@@ -297,6 +357,24 @@ impl<O: Ops> Supervisor<O> {
                         r.exit_cause = Some(exit_cause(&details));
                         r.invocation_id = None;
                     }
+                    // Logged before the record is written, with the
+                    // generation it is about to get: a daemon killed in
+                    // between finds the transition again and logs it again,
+                    // with the same BERTH_GENERATION. The journal may repeat
+                    // a transition, never miss one (journald can hold a
+                    // sender for a while; a kill there lost the line).
+                    let mut fields = vec![
+                        ("BERTH_WORKLOAD", name.to_string()),
+                        ("BERTH_TRANSITION", reason.to_string()),
+                        ("BERTH_GENERATION", (r.transition_generation + 1).to_string()),
+                        ("BERTH_DETECTED_BY", seen_by.as_str().to_string()),
+                    ];
+                    if let Some(id) = current.as_ref().filter(|_| now == Settled::Running) {
+                        fields.push(("BERTH_INVOCATION_ID", id.clone()));
+                    }
+                    if let Some(id) = ended {
+                        fields.push(("BERTH_ENDED_INVOCATION_ID", id));
+                    }
                     events.emit(
                         if reason == TransitionReason::UnexpectedExit {
                             log::Level::Warn
@@ -304,10 +382,7 @@ impl<O: Ops> Supervisor<O> {
                             log::Level::Info
                         },
                         "",
-                        &[
-                            ("BERTH_WORKLOAD", name.to_string()),
-                            ("BERTH_TRANSITION", reason.to_string()),
-                        ],
+                        &fields,
                         &format!(
                             "{unit}: {reason} (result {}, seen by {})",
                             details.result,
@@ -319,6 +394,10 @@ impl<O: Ops> Supervisor<O> {
                 }
             }
         });
+        drop(unsynced);
+        if let Ok(Some(_)) = &outcome {
+            self.unsynced.insert(name.to_string());
+        }
         let record = match outcome {
             Ok(Some(updated)) => self.events.recorded(name, Ok(updated)),
             Ok(None) => {
@@ -445,6 +524,22 @@ impl<O: Ops> Supervisor<O> {
     }
 }
 
+/// fsync of each file, then of their directory.
+fn sync_paths(paths: Vec<std::path::PathBuf>, dir: std::path::PathBuf) -> std::io::Result<()> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    for path in paths {
+        match std::fs::File::open(&path) {
+            Ok(f) => f.sync_all()?,
+            // Swept or moved aside since: nothing to sync.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::File::open(&dir)?.sync_all()
+}
+
 fn record_mtime(root: &Root, name: &str) -> Option<SystemTime> {
     std::fs::metadata(records::record_path(root, name))
         .and_then(|m| m.modified())
@@ -478,9 +573,9 @@ mod tests {
         sup.pass(true).await;
         // Adopted before READY, recorded after it.
         assert!(records::load(&root, "web").unwrap().is_none());
-        assert_eq!(sup.adopt_later.len(), 2);
-        sup.adopt_next().await;
-        assert!(sup.adopt_later.is_empty());
+        assert_eq!(sup.after_ready.len(), 2);
+        sup.look_closer_next().await;
+        assert!(sup.after_ready.is_empty());
         let web = records::load(&root, "web").unwrap().unwrap();
         assert_eq!(web.state, RecordState::Running);
         assert!(web.adopted_at.is_some());
@@ -519,5 +614,60 @@ mod tests {
         sup.reconcile("web", SeenBy::Signal, None).await;
         let again = records::load(&root, "web").unwrap().unwrap();
         assert_eq!(again.transition_generation, before.transition_generation);
+    }
+
+    /// Issue 10, R1: an exit and a start by hand while the daemon was
+    /// down left the record saying "running" with the old InvocationID,
+    /// and the first pass (which reads no InvocationID) saw nothing.
+    #[tokio::test]
+    async fn a_restart_while_unwatched_is_recorded_once_as_replaced() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", ""), ("db", "")]);
+        for (name, invocation) in [("web", Some("aaaa")), ("db", None)] {
+            records::update(&root, name, |r| {
+                r.state = RecordState::Running;
+                r.invocation_id = invocation.map(str::to_string);
+                r.last_transition_reason = TransitionReason::Boot;
+                true
+            })
+            .unwrap();
+        }
+        let ops = FakeOps::default()
+            .unit("web", true, Behaviour::Takes(Duration::ZERO))
+            .unit("db", true, Behaviour::Takes(Duration::ZERO));
+        for (name, invocation) in [("web", "bbbb"), ("db", "cccc")] {
+            ops.invocations
+                .borrow_mut()
+                .insert(names::unit_name(name), invocation.into());
+        }
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.pass(true).await;
+        assert_eq!(sup.after_ready.len(), 2, "both looked at closely after READY");
+        sup.look_closer_next().await;
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(web.last_transition_reason, TransitionReason::Replaced);
+        assert_eq!(web.transition_generation, 2);
+        assert_eq!(web.invocation_id.as_deref(), Some("bbbb"));
+        assert_eq!(web.detected_by.as_deref(), Some("scan"));
+        let db = records::load(&root, "db").unwrap().unwrap();
+        assert_eq!(
+            db.transition_generation, 1,
+            "a first InvocationID is noted, no transition"
+        );
+        assert_eq!(db.invocation_id.as_deref(), Some("cccc"));
+
+        // Looked at again (another daemon start): nothing new.
+        sup.pass(true).await;
+        sup.look_closer_next().await;
+        assert_eq!(
+            records::load(&root, "web")
+                .unwrap()
+                .unwrap()
+                .transition_generation,
+            2
+        );
+        assert_eq!(
+            records::load(&root, "db").unwrap().unwrap().transition_generation,
+            1
+        );
     }
 }

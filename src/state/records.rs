@@ -49,6 +49,11 @@ string_enum! {
         StopUser = "stop-user",
         /// Went down with no stop job.
         UnexpectedExit = "unexpected-exit",
+        /// Found running under a new InvocationID by a pass, with no job
+        /// to explain it: the recorded instance ended and another was
+        /// started while no supervisor watched. One transition for both;
+        /// how the old one ended is in the journal under its InvocationID.
+        Replaced = "replaced",
     }
 }
 

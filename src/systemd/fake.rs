@@ -44,6 +44,8 @@ pub struct FakeOps {
     pub changes: RefCell<Option<tokio::sync::mpsc::UnboundedSender<Change>>>,
     /// Units whose details systemd does not answer for (a timed-out call).
     pub unanswered: RefCell<Vec<String>>,
+    /// unit → its InvocationID, as details() tells it.
+    pub invocations: RefCell<HashMap<String, String>>,
 }
 
 impl FakeOps {
@@ -210,6 +212,7 @@ impl Ops for FakeOps {
         Ok(UnitDetails {
             load_state: LoadState::Loaded,
             active_state: self.active_state(unit).await?,
+            invocation_id: self.invocations.borrow().get(unit).cloned().unwrap_or_default(),
             ..Default::default()
         })
     }

@@ -237,6 +237,10 @@ pub enum Change {
     /// [`UnitStatus::path`] for the workloads).
     Properties {
         path: String,
+        /// The unit as the signal showed it, when it carried the
+        /// settled-state properties (systemd sends them all): the state at
+        /// that moment, which a later read may already have moved past.
+        observed: Option<UnitDetails>,
     },
     JobNew {
         job: String,
