@@ -307,8 +307,14 @@ impl<O: Ops> Supervisor<O> {
             .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
             .map(|(kind, _)| kind.clone());
         // A gone job that left the unit running (a start of a running
-        // unit ends at once too) explains no later exit.
-        if now == Settled::Running && job.as_ref().is_some_and(|j| j.as_str() == classify::JOB_GONE) {
+        // unit ends at once too) explains no later exit; a signal that
+        // still shows a job pending (a stop's first signal shows the unit
+        // active) says nothing yet.
+        if now == Settled::Running
+            && seen_by == SeenBy::Signal
+            && details.job_id == 0
+            && job.as_ref().is_some_and(|j| j.as_str() == classify::JOB_GONE)
+        {
             self.jobs.remove(&unit);
         }
         let stamp = rfc3339(SystemTime::now());

@@ -119,7 +119,14 @@ fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<UnitDeta
         exec_main_code: ExitCode::from_code(service.exec_main_code?),
         exec_main_status: service.exec_main_status?,
         main_pid: service.main_pid?,
-        job_id: 0,
+        // The pending job, (id, path): 0 when none.
+        job_id: match changed.get("Job").map(|v| &**v) {
+            Some(Value::Structure(job)) => match job.fields().first() {
+                Some(Value::U32(id)) => *id,
+                _ => 0,
+            },
+            _ => 0,
+        },
     })
 }
 
