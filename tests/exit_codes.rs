@@ -18,6 +18,19 @@ fn run(bin: &str, args: &[&str], root: Option<&std::path::Path>) -> Output {
     cmd.output().unwrap()
 }
 
+/// A root with one workload, `web`; and its workloads directory.
+fn root_with_web() -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("etc/berth/workloads");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("web.toml"),
+        "exec = [\"/usr/bin/sleep\", \"infinity\"]\n",
+    )
+    .unwrap();
+    (root, dir)
+}
+
 fn code(o: &Output) -> i32 {
     o.status.code().expect("exited, not killed")
 }
@@ -241,14 +254,7 @@ fn drain_json_goes_with_dry_run_or_last() {
 
 #[test]
 fn freeze_refuses_a_typo_unless_forced() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("etc/berth/workloads");
-    fs::create_dir_all(&dir).unwrap();
-    fs::write(
-        dir.join("web.toml"),
-        "exec = [\"/usr/bin/sleep\", \"infinity\"]\n",
-    )
-    .unwrap();
+    let (root, _) = root_with_web();
     let o = run(berth_bin(), &["freeze", "webb"], Some(root.path()));
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(
@@ -272,14 +278,7 @@ fn a_mistyped_verb_gets_a_suggestion() {
 
 #[test]
 fn check_json_for_ci() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("etc/berth/workloads");
-    fs::create_dir_all(&dir).unwrap();
-    fs::write(
-        dir.join("web.toml"),
-        "exec = [\"/usr/bin/sleep\", \"infinity\"]\n",
-    )
-    .unwrap();
+    let (root, dir) = root_with_web();
     let o = run(berth_bin(), &["check", "--json"], Some(root.path()));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -153,13 +153,15 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         // The reserved slots are root's (a health check by systemd or a
         // monitoring agent): a group member flooding the socket with slow
         // clients held them all, and /healthz went unanswered.
-        let privileged = stream
-            .peer_cred()
-            .is_ok_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw());
+        let privileged = || {
+            stream
+                .peer_cred()
+                .is_ok_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw())
+        };
         let (slot, permit) = match limits.connections.clone().try_acquire_owned() {
             Ok(permit) => (Slot::Full, permit),
             Err(_) => match limits.reserved.clone().try_acquire_owned() {
-                Ok(permit) if privileged => (Slot::HealthOnly, permit),
+                Ok(permit) if privileged() => (Slot::HealthOnly, permit),
                 _ => {
                     tokio::spawn(refuse(stream));
                     continue;

@@ -188,12 +188,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
             _ = after_ready_tick.tick(), if !sup.after_ready.is_empty() => sup.look_closer_next().await,
             _ = sync_tick.tick(), if sup.wants_sync() => sup.sync_records(synced_tx.clone()),
-            Some(result) = synced.recv() => {
-                sup.syncing = false;
-                if let Err(e) = result {
-                    sup.events.warn(&format!("cannot sync the records: {e}"));
-                }
-            }
+            Some(result) = synced.recv() => sup.synced(result),
             _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
                 // A package upgrade (or make install) replaced the binary

@@ -62,7 +62,7 @@ pub(super) struct Supervisor<O: Ops> {
     /// line).
     unsynced: BTreeSet<String>,
     /// A sync of `unsynced` is running on the blocking pool.
-    pub(super) syncing: bool,
+    syncing: bool,
 }
 
 /// How often the daemon's loop hands written records to a sync.
@@ -192,8 +192,8 @@ impl<O: Ops> Supervisor<O> {
     }
 
     /// Looks closely at the next chunk of the workloads the first pass
-    /// found running; the records this writes are durable together (one
-    /// sync per chunk).
+    /// found running (their records are synced with the others: see
+    /// `unsynced`).
     pub(super) async fn look_closer_next(&mut self) {
         for _ in 0..AFTER_READY_CHUNK {
             let Some(name) = self.after_ready.pop_front() else {
@@ -206,6 +206,14 @@ impl<O: Ops> Supervisor<O> {
     /// Whether records wait for a sync and none is running.
     pub(super) fn wants_sync(&self) -> bool {
         !self.unsynced.is_empty() && !self.syncing
+    }
+
+    /// A sync of the blocking pool is done: the next may begin.
+    pub(super) fn synced(&mut self, result: std::io::Result<()>) {
+        self.syncing = false;
+        if let Err(e) = result {
+            self.events.warn(&format!("cannot sync the records: {e}"));
+        }
     }
 
     /// The same sync, here and now: on the way out.

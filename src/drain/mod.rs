@@ -54,6 +54,18 @@ pub(crate) mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
+    /// A drain whose deadline counts from now.
+    async fn drain_now(ops: &FakeOps, root: &Root, loaded: &Loaded) -> Report {
+        run(
+            ops,
+            root,
+            loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+        )
+        .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn groups_run_in_reverse_order_and_parallelism_is_bounded() {
         let (_d, root, loaded) = setup(
@@ -69,14 +81,7 @@ pub(crate) mod tests {
         let ops = ["a", "b", "c", "d", "e"]
             .iter()
             .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::Takes(SEC)));
-        let report = run(
-            &ops,
-            &root,
-            &loaded,
-            &Events::new("test"),
-            tokio::time::Instant::now(),
-        )
-        .await;
+        let report = drain_now(&ops, &root, &loaded).await;
         assert!(
             outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
             "{report:?}"
@@ -109,14 +114,7 @@ pub(crate) mod tests {
             .map(|n| crate::state::lock::workload(&root, n).unwrap())
             .collect();
         let wall = std::time::Instant::now();
-        let report = run(
-            &ops,
-            &root,
-            &loaded,
-            &Events::new("test"),
-            tokio::time::Instant::now(),
-        )
-        .await;
+        let report = drain_now(&ops, &root, &loaded).await;
         assert!(
             outcomes(&report).values().all(|o| o.0 == Outcome::GracefulOff),
             "every stop goes ahead without its lock: {report:?}"
@@ -180,14 +178,7 @@ pub(crate) mod tests {
         let ops = FakeOps::default()
             .unit("hard", true, Behaviour::IgnoresTerm)
             .unit("soft", true, Behaviour::IgnoresTerm);
-        let report = run(
-            &ops,
-            &root,
-            &loaded,
-            &Events::new("test"),
-            tokio::time::Instant::now(),
-        )
-        .await;
+        let report = drain_now(&ops, &root, &loaded).await;
         let o = outcomes(&report);
         assert_eq!(o["hard"], (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF")));
         assert_eq!(o["soft"], (Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT")));
@@ -213,14 +204,7 @@ pub(crate) mod tests {
             .unit("zap", true, Behaviour::IgnoresTerm)
             .unit("idle", false, Behaviour::Takes(SEC))
             .unit("ghost", true, Behaviour::Takes(SEC));
-        let report = run(
-            &ops,
-            &root,
-            &loaded,
-            &Events::new("test"),
-            tokio::time::Instant::now(),
-        )
-        .await;
+        let report = drain_now(&ops, &root, &loaded).await;
         let o = outcomes(&report);
         assert_eq!(o["zap"].0, Outcome::PoweredOff);
         assert_eq!(o["idle"].0, Outcome::AlreadyOff);
@@ -250,14 +234,7 @@ pub(crate) mod tests {
             .iter()
             .fold(FakeOps::default(), |f, n| f.unit(n, true, Behaviour::IgnoresTerm));
         let began = tokio::time::Instant::now();
-        let report = run(
-            &ops,
-            &root,
-            &loaded,
-            &Events::new("test"),
-            tokio::time::Instant::now(),
-        )
-        .await;
+        let report = drain_now(&ops, &root, &loaded).await;
         assert!(
             outcomes(&report)
                 .values()

@@ -18,7 +18,9 @@ thread_local! {
 /// a record for each of a thousand workloads before READY: one fsync pair
 /// each made that take seconds. Until the commit, a crash may leave a new
 /// record empty; a record that does not parse is set aside and rebuilt
-/// from systemd's live state.
+/// from systemd's live state. The daemon's loop also opens one around each
+/// record it writes and drops it uncommitted: it syncs those files itself,
+/// off the loop.
 pub struct Batch {
     dir: PathBuf,
 }

@@ -51,7 +51,7 @@ pub trait Ops {
 }
 
 /// An InvocationID (16 bytes) as systemd prints it: 32 hex digits.
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

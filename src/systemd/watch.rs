@@ -19,13 +19,12 @@ use zbus::{OwnedVariant as OwnedValue, Variant as Value};
 
 use super::connection::Systemd;
 use super::error::SystemdError;
-use super::proxies::SERVICE;
+use super::ops::hex;
+use super::proxies::{SERVICE, SERVICE_INTERFACE, UNIT_INTERFACE};
 use super::types::{ActiveState, Change, ExitCode, LoadState, ServiceResult, UnitDetails};
+use crate::names::WORKLOAD_PATH_PREFIX;
 
-const UNIT_INTERFACE: &str = "org.freedesktop.systemd1.Unit";
-const SERVICE_INTERFACE: &str = "org.freedesktop.systemd1.Service";
 const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";
-const UNITS_PATH: &str = "/org/freedesktop/systemd1/unit/";
 
 impl Systemd {
     pub(super) async fn watch_changes(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
@@ -74,7 +73,11 @@ fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen
     let interface = header.interface()?.as_str();
     let member = header.member()?.as_str();
     match (interface, member) {
-        ("org.freedesktop.DBus.Properties", "PropertiesChanged") if path.starts_with(UNITS_PATH) => {
+        // Only berth's units: every other unit's signals are dropped
+        // before their property dictionaries are read.
+        ("org.freedesktop.DBus.Properties", "PropertiesChanged")
+            if path.starts_with(WORKLOAD_PATH_PREFIX) =>
+        {
             let (of, changed, _invalidated): (String, Changed, Vec<String>) =
                 message.body().deserialize().ok()?;
             match of.as_str() {
@@ -111,10 +114,7 @@ fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<UnitDeta
     Some(UnitDetails {
         load_state: LoadState::from(text(changed, "LoadState")?),
         active_state: ActiveState::from(text(changed, "ActiveState")?),
-        invocation_id: bytes(changed, "InvocationID")?
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
+        invocation_id: hex(&bytes(changed, "InvocationID")?),
         result: ServiceResult::from(service.result?),
         exec_main_code: ExitCode::from_code(service.exec_main_code?),
         exec_main_status: service.exec_main_status?,
@@ -161,5 +161,126 @@ fn bytes(changed: &Changed, key: &str) -> Option<Vec<u8>> {
             })
             .collect(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zbus::ObjectPath;
+
+    const WEB: &str = "/org/freedesktop/systemd1/unit/berth_40web_2eservice";
+
+    fn changed(path: &str, interface: &str, properties: Vec<(&str, Value<'static>)>) -> zbus::Message {
+        let properties: HashMap<String, Value> =
+            properties.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        zbus::Message::signal(path, "org.freedesktop.DBus.Properties", "PropertiesChanged")
+            .build(&(interface, properties, Vec::<String>::new()))
+            .unwrap()
+    }
+
+    fn service(path: &str) -> zbus::Message {
+        changed(
+            path,
+            SERVICE_INTERFACE,
+            vec![
+                ("Result", Value::from("signal")),
+                ("ExecMainCode", Value::from(2i32)),
+                ("ExecMainStatus", Value::from(9i32)),
+                ("MainPID", Value::from(0u32)),
+            ],
+        )
+    }
+
+    fn unit(path: &str, active: &'static str, job: u32) -> zbus::Message {
+        let job_path = ObjectPath::try_from(if job == 0 {
+            "/"
+        } else {
+            "/org/freedesktop/systemd1/job/7"
+        })
+        .unwrap();
+        changed(
+            path,
+            UNIT_INTERFACE,
+            vec![
+                ("LoadState", Value::from("loaded")),
+                ("ActiveState", Value::from(active)),
+                ("InvocationID", Value::from(vec![0xabu8; 16])),
+                ("Job", Value::from((job, job_path))),
+            ],
+        )
+    }
+
+    /// A signal's own values reach the supervisor, with the Service
+    /// signal sent just before it; nothing else is asked of systemd.
+    #[test]
+    fn a_unit_signal_carries_the_state_it_showed() {
+        let mut services = HashMap::new();
+        assert_eq!(
+            change_of(&service(WEB), &mut services),
+            None,
+            "kept for the Unit signal"
+        );
+        let Some(Change::Properties {
+            path,
+            observed: Some(d),
+        }) = change_of(&unit(WEB, "failed", 0), &mut services)
+        else {
+            panic!("no observation")
+        };
+        assert_eq!(path, WEB);
+        assert_eq!(d.active_state, ActiveState::Failed);
+        assert_eq!(d.invocation_id, "ab".repeat(16));
+        assert_eq!(
+            (
+                d.result.to_string(),
+                d.exec_main_code,
+                d.exec_main_status,
+                d.job_id
+            ),
+            ("signal".to_string(), ExitCode::Killed, 9, 0)
+        );
+        let Some(Change::Properties {
+            observed: Some(d), ..
+        }) = change_of(&unit(WEB, "active", 7), &mut services)
+        else {
+            panic!("no observation")
+        };
+        assert_eq!(d.job_id, 7, "a job still pending is seen");
+    }
+
+    #[test]
+    fn what_the_supervisor_cannot_use_is_dropped_or_left_to_a_read() {
+        let mut services = HashMap::new();
+        let other = "/org/freedesktop/systemd1/unit/dbus_2eservice";
+        assert_eq!(change_of(&service(other), &mut services), None);
+        assert_eq!(
+            change_of(&unit(other, "active", 0), &mut services),
+            None,
+            "not berth's unit"
+        );
+        assert!(services.is_empty(), "nothing kept for other units");
+        // No Service signal seen yet: the supervisor reads the unit itself.
+        assert_eq!(
+            change_of(&unit(WEB, "active", 0), &mut services),
+            Some(Change::Properties {
+                path: WEB.into(),
+                observed: None
+            })
+        );
+        let job = zbus::Message::signal(SYSTEMD_PATH, "org.freedesktop.systemd1.Manager", "JobNew")
+            .build(&(
+                7u32,
+                ObjectPath::try_from("/org/freedesktop/systemd1/job/7").unwrap(),
+                "berth@web.service",
+            ))
+            .unwrap();
+        assert_eq!(
+            change_of(&job, &mut services),
+            Some(Change::JobNew {
+                job: "/org/freedesktop/systemd1/job/7".into(),
+                unit: "berth@web.service".into()
+            })
+        );
     }
 }

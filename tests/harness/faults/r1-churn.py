@@ -262,7 +262,7 @@ for w, inv, how, t0, t1 in ended:
     n = len(named.get(inv, []))
     if n > 1:
         twice.append((w, inv, n))
-    if unwatched(t0 - 0.0, t1):
+    if unwatched(t0, t1):
         tolerated += 1
         tolerated_recorded += n
         continue

@@ -156,10 +156,6 @@ async def attack(stop):
         w.close()
 
 
-async def watch(stop):
-    await sample(stop)
-
-
 stop = time.monotonic() + SECONDS
 child = os.fork()
 if child == 0:
@@ -175,7 +171,7 @@ if child == 0:
     json.dump({"counts": counts, "errors": errors}, out)
     out.close()
     os._exit(0)
-asyncio.run(watch(stop))
+asyncio.run(sample(stop))
 os.waitpid(child, 0)
 attacked = json.load(open(RESULT + ".attack"))
 counts, errors = attacked["counts"], {**attacked["errors"], **errors}
