@@ -179,8 +179,18 @@ impl<O: Ops> Supervisor<O> {
                     self.jobs.insert(unit, (kind, Instant::now()));
                 }
             }
-            Change::Properties { path, observed } => {
+            Change::Properties {
+                path,
+                observed,
+                exit_known,
+            } => {
                 if let Some(name) = self.workload_at(&path).await {
+                    let observed = match observed {
+                        Some(seen) if !exit_known && seen.active_state.is_down() => {
+                            self.with_exit_cause(&name, seen).await
+                        }
+                        other => other,
+                    };
                     self.reconcile(&name, SeenBy::Signal, observed).await;
                 }
             }
@@ -189,6 +199,21 @@ impl<O: Ops> Supervisor<O> {
         for name in deferred {
             self.reconcile(&name, SeenBy::Scan, None).await;
         }
+    }
+
+    /// A signal's state with the exit cause read now: the Service signal
+    /// that carries it was not seen (a unit's first signal since this
+    /// daemon started). The state stays the signal's: read now instead,
+    /// it may already be past queued signals (a stop's first signal, read
+    /// after the stop, made a `systemctl stop` look like an exit with no
+    /// job). None when systemd does not answer: deferred like any read.
+    async fn with_exit_cause(&self, name: &str, mut seen: UnitDetails) -> Option<UnitDetails> {
+        let now = self.details(&names::unit_name(name)).await?;
+        seen.result = now.result;
+        seen.exec_main_code = now.exec_main_code;
+        seen.exec_main_status = now.exec_main_status;
+        seen.main_pid = now.main_pid;
+        Some(seen)
     }
 
     /// Looks closely at the next chunk of the workloads the first pass
@@ -682,6 +707,51 @@ mod tests {
         assert_eq!(
             records::load(&root, "db").unwrap().unwrap().transition_generation,
             1
+        );
+    }
+
+    /// Issue 10, R1: the first signal of a unit since the daemon started
+    /// (no Service signal seen yet) was read again from systemd; under
+    /// load that read came after the stop it announced, before the stop's
+    /// JobNew, and a `systemctl stop` was recorded as an unexpected exit.
+    #[tokio::test]
+    async fn a_first_signal_keeps_the_state_it_showed() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Running;
+            r.invocation_id = Some("aaaa".into());
+            r.last_transition_reason = TransitionReason::Boot;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.pass(false).await;
+        // By the time the signal is handled, the stop it announced is done.
+        sup.sd
+            .units
+            .borrow_mut()
+            .get_mut(&names::unit_name("web"))
+            .unwrap()
+            .0 = false;
+        let path = sup.paths.keys().next().unwrap().clone();
+        let observed = UnitDetails {
+            active_state: ActiveState::Active,
+            invocation_id: "aaaa".into(),
+            job_id: 7,
+            ..Default::default()
+        };
+        sup.on_change(Change::Properties {
+            path,
+            observed: Some(observed),
+            exit_known: false,
+        })
+        .await;
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (web.state, web.transition_generation),
+            (RecordState::Running, 1),
+            "the signal showed it running: nothing to record yet"
         );
     }
 }

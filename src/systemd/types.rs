@@ -241,6 +241,10 @@ pub enum Change {
         /// settled-state properties (systemd sends them all): the state at
         /// that moment, which a later read may already have moved past.
         observed: Option<UnitDetails>,
+        /// Whether `observed` holds the exit cause (Result, ExecMain*,
+        /// MainPID): they come from the unit's Service signal, which the
+        /// watcher has not seen yet for a unit's first signal.
+        exit_known: bool,
     },
     JobNew {
         job: String,

@@ -89,10 +89,17 @@ fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen
                     seen.main_pid = uint(&changed, "MainPID").or(seen.main_pid);
                     None
                 }
-                UNIT_INTERFACE => Some(Change::Properties {
-                    path: path.to_string(),
-                    observed: observed(&changed, services.get(path)),
-                }),
+                UNIT_INTERFACE => {
+                    let (observed, exit_known) = match observed(&changed, services.get(path)) {
+                        Some((details, exit_known)) => (Some(details), exit_known),
+                        None => (None, false),
+                    };
+                    Some(Change::Properties {
+                        path: path.to_string(),
+                        observed,
+                        exit_known,
+                    })
+                }
                 _ => None,
             }
         }
@@ -107,18 +114,14 @@ fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen
     }
 }
 
-/// The unit's settled-state properties from a Unit signal and the Service
-/// signal before it; None when the signal lacks one of them.
-fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<UnitDetails> {
-    let service = service.cloned().unwrap_or_default();
-    Some(UnitDetails {
+/// The unit's settled-state properties from a Unit signal, with the exit
+/// cause from the Service signal before it when one was seen (the bool);
+/// None when the Unit signal lacks one of them.
+fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<(UnitDetails, bool)> {
+    let mut details = UnitDetails {
         load_state: LoadState::from(text(changed, "LoadState")?),
         active_state: ActiveState::from(text(changed, "ActiveState")?),
         invocation_id: hex(&bytes(changed, "InvocationID")?),
-        result: ServiceResult::from(service.result?),
-        exec_main_code: ExitCode::from_code(service.exec_main_code?),
-        exec_main_status: service.exec_main_status?,
-        main_pid: service.main_pid?,
         // The pending job, (id, path): 0 when none.
         job_id: match changed.get("Job").map(|v| &**v) {
             Some(Value::Structure(job)) => match job.fields().first() {
@@ -127,7 +130,24 @@ fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<UnitDeta
             },
             _ => 0,
         },
-    })
+        ..Default::default()
+    };
+    let exit = service.and_then(|s| {
+        Some((
+            s.result.clone()?,
+            s.exec_main_code?,
+            s.exec_main_status?,
+            s.main_pid?,
+        ))
+    });
+    let exit_known = exit.is_some();
+    if let Some((result, code, status, pid)) = exit {
+        details.result = ServiceResult::from(result);
+        details.exec_main_code = ExitCode::from_code(code);
+        details.exec_main_status = status;
+        details.main_pid = pid;
+    }
+    Some((details, exit_known))
 }
 
 fn text(changed: &Changed, key: &str) -> Option<String> {
@@ -224,6 +244,7 @@ mod tests {
         let Some(Change::Properties {
             path,
             observed: Some(d),
+            exit_known: true,
         }) = change_of(&unit(WEB, "failed", 0), &mut services)
         else {
             panic!("no observation")
@@ -250,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn what_the_supervisor_cannot_use_is_dropped_or_left_to_a_read() {
+    fn other_units_are_dropped_and_a_first_signal_keeps_its_state() {
         let mut services = HashMap::new();
         let other = "/org/freedesktop/systemd1/unit/dbus_2eservice";
         assert_eq!(change_of(&service(other), &mut services), None);
@@ -260,14 +281,17 @@ mod tests {
             "not berth's unit"
         );
         assert!(services.is_empty(), "nothing kept for other units");
-        // No Service signal seen yet: the supervisor reads the unit itself.
-        assert_eq!(
-            change_of(&unit(WEB, "active", 0), &mut services),
-            Some(Change::Properties {
-                path: WEB.into(),
-                observed: None
-            })
-        );
+        // No Service signal seen yet: the state is the signal's, the exit
+        // cause is for the supervisor to read.
+        let Some(Change::Properties {
+            observed: Some(d),
+            exit_known: false,
+            ..
+        }) = change_of(&unit(WEB, "active", 7), &mut services)
+        else {
+            panic!("the Unit signal's own state is kept")
+        };
+        assert_eq!((d.active_state, d.job_id), (ActiveState::Active, 7));
         let job = zbus::Message::signal(SYSTEMD_PATH, "org.freedesktop.systemd1.Manager", "JobNew")
             .build(&(
                 7u32,
