@@ -193,6 +193,8 @@ fn verify_check_catches_a_bad_unit() {
 /// "out of range, ignoring" (MemoryMax=0, a u64::MAX limit, 10^8 weeks) —
 /// a limit silently not applied. Every numeric setting gets the same
 /// edge values; whatever berth accepts must reach systemd without a word.
+/// Here against the host's systemd-analyze; scenario 17 loads the same
+/// files (BERTH_KEEP_EDGES=DIR keeps them) in systemd 252 and 257 as PID 1.
 #[test]
 fn numeric_edges_berth_accepts_are_applied_by_systemd() {
     use berth::config::PassthroughKind::*;
@@ -254,11 +256,15 @@ fn numeric_edges_berth_accepts_are_applied_by_systemd() {
         for (i, value) in EDGES.iter().enumerate() {
             fs::write(
                 workloads.join(format!("{}-{i}.toml", key.to_lowercase())),
-                format!("exec = [\"/usr/bin/app\"]\n[service]\n{key} = {value}\n"),
+                format!("exec = [\"/usr/bin/app\"]\nautostart = false\n[service]\n{key} = {value}\n"),
             )
             .unwrap();
             tried += 1;
         }
+    }
+    // Scenario 17 boots both systemd versions on the same files.
+    if let Some(keep) = std::env::var_os("BERTH_KEEP_EDGES") {
+        copy_dir(&workloads, Path::new(&keep));
     }
     let out = tempfile::tempdir().unwrap();
     // Exit 1: most edges are refused, and those files are skipped.
