@@ -160,6 +160,7 @@ bench: all
 	bench/generator.sh
 	bench/helpers.sh
 	bench/daemon.sh
+	bench/adoption-scale.sh
 
 clean:
 	$(CARGO) clean
