@@ -63,10 +63,16 @@ pub(super) struct Supervisor<O: Ops> {
     unsynced: BTreeSet<String>,
     /// A sync of `unsynced` is running on the blocking pool.
     syncing: bool,
+    /// The last InvocationIDs whose end was recorded, per workload: a
+    /// queued signal showing one of them is older than that record.
+    ended: HashMap<String, VecDeque<String>>,
 }
 
 /// How often the daemon's loop hands written records to a sync.
 pub(super) const SYNC_EVERY: Duration = Duration::from_millis(200);
+
+/// Ended InvocationIDs remembered per workload.
+const ENDED_MEMORY: usize = 16;
 
 /// Workloads looked at closely per turn of the loop after READY.
 const AFTER_READY_CHUNK: usize = 64;
@@ -91,6 +97,7 @@ impl<O: Ops> Supervisor<O> {
             first_pass: false,
             unsynced: BTreeSet::new(),
             syncing: false,
+            ended: HashMap::new(),
         }
     }
 
@@ -149,6 +156,7 @@ impl<O: Ops> Supervisor<O> {
         self.first_pass = false;
         self.heartbeat = SystemTime::now();
         self.seen.retain(|name, _| self.live_names.contains(name));
+        self.ended.retain(|name, _| self.live_names.contains(name));
         if let Some(api) = &self.api {
             api.retain(|name| self.live_names.contains(name));
         }
@@ -306,7 +314,7 @@ impl<O: Ops> Supervisor<O> {
                 None => return self.deferred.push(name.to_string()),
             },
         };
-        let Some(now) = Settled::of(&details.active_state) else {
+        let Some(mut now) = Settled::of(&details.active_state) else {
             return;
         };
         if !self.is_followed(name, &details.active_state) {
@@ -314,6 +322,39 @@ impl<O: Ops> Supervisor<O> {
         }
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
+        // A signal shows the state when it was sent; reads and passes show
+        // it now. A signal still queued behind a newer read must not undo
+        // what that read recorded (an instance ended twice, or started
+        // again after its end).
+        if seen_by == SeenBy::Signal && !details.invocation_id.is_empty() {
+            // Down with a job still pending (a stop's first "inactive", or
+            // a start about to run under a new InvocationID) is not
+            // settled: the signal without the job follows.
+            if now != Settled::Running && details.job_id != 0 {
+                return;
+            }
+            let shown = details.invocation_id.as_str();
+            let running = recorded
+                .as_ref()
+                .filter(|_| was_running)
+                .and_then(|r| r.invocation_id.as_deref());
+            let ended = self.ended.get(name).is_some_and(|e| e.iter().any(|i| i == shown));
+            if ended && running != Some(shown) {
+                return;
+            }
+            // Another instance than the running one on record, shown down:
+            // older or newer, only a read now can tell.
+            if now != Settled::Running && running.is_some_and(|r| r != shown) {
+                details = match self.details(&unit).await {
+                    Some(details) => details,
+                    None => return self.deferred.push(name.to_string()),
+                };
+                now = match Settled::of(&details.active_state) {
+                    Some(now) => now,
+                    None => return,
+                };
+            }
+        }
         // An adoption records neither an exit cause nor an InvocationID:
         // no details to ask for. A thousand record-less running workloads
         // (a first start on a busy host, or after `uninstall --purge`) are
@@ -359,6 +400,7 @@ impl<O: Ops> Supervisor<O> {
             || config::load_workload(&root, name).map(|w| crate::render::definition_fingerprint(&root, &w));
         let current = Some(details.invocation_id.clone()).filter(|i| !i.is_empty());
         let events = &self.events;
+        let mut ended_here = None;
         // Written in place without waiting for the disk: see `unsynced`.
         let unsynced = crate::state::atomic::Batch::begin(&records::records_dir(&self.root));
         let outcome = records::try_update(&self.root, name, |r| {
@@ -385,6 +427,7 @@ impl<O: Ops> Supervisor<O> {
                         .invocation_id
                         .clone()
                         .filter(|old| now != Settled::Running || Some(old) != current.as_ref());
+                    ended_here.clone_from(&ended);
                     r.state = now.record_state();
                     r.detected_by = Some(seen_by.as_str().into());
                     if now == Settled::Running {
@@ -436,6 +479,13 @@ impl<O: Ops> Supervisor<O> {
         drop(unsynced);
         if let Ok(Some(_)) = &outcome {
             self.unsynced.insert(name.to_string());
+            if let Some(id) = ended_here {
+                let ended = self.ended.entry(name.to_string()).or_default();
+                ended.push_back(id);
+                if ended.len() > ENDED_MEMORY {
+                    ended.pop_front();
+                }
+            }
         }
         let record = match outcome {
             Ok(Some(updated)) => self.events.recorded(name, Ok(updated)),
@@ -752,6 +802,44 @@ mod tests {
             (web.state, web.transition_generation),
             (RecordState::Running, 1),
             "the signal showed it running: nothing to record yet"
+        );
+    }
+
+    /// Issue 10, R1: a signal still queued when a newer read recorded the
+    /// end of an instance started it again (and ended it a second time).
+    #[tokio::test]
+    async fn a_queued_signal_does_not_undo_a_newer_record() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Running;
+            r.invocation_id = Some("aaaa".into());
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        let shown = |active_state| UnitDetails {
+            active_state,
+            invocation_id: "aaaa".into(),
+            ..Default::default()
+        };
+        // The end of aaaa, read now (a pass, say)...
+        sup.reconcile("web", SeenBy::Scan, Some(shown(ActiveState::Inactive)))
+            .await;
+        let after_end = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (after_end.state, after_end.transition_generation),
+            (RecordState::Stopped, 2)
+        );
+        // ... then the signals sent before it: running, then down.
+        for state in [ActiveState::Active, ActiveState::Inactive] {
+            sup.reconcile("web", SeenBy::Signal, Some(shown(state))).await;
+        }
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (web.state, web.transition_generation),
+            (RecordState::Stopped, 2),
+            "aaaa neither started again nor ended twice"
         );
     }
 }

@@ -119,7 +119,9 @@ fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen
 /// None when the Unit signal lacks one of them.
 fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<(UnitDetails, bool)> {
     let mut details = UnitDetails {
-        load_state: LoadState::from(text(changed, "LoadState")?),
+        // Not among what systemd sends (252 and 257 alike): a unit that
+        // sends signals is loaded.
+        load_state: text(changed, "LoadState").map_or(LoadState::Loaded, LoadState::from),
         active_state: ActiveState::from(text(changed, "ActiveState")?),
         invocation_id: hex(&bytes(changed, "InvocationID")?),
         // The pending job, (id, path): 0 when none.
@@ -222,8 +224,9 @@ mod tests {
         changed(
             path,
             UNIT_INTERFACE,
+            // What systemd 252 and 257 send, less the properties berth
+            // does not read: no LoadState among them.
             vec![
-                ("LoadState", Value::from("loaded")),
                 ("ActiveState", Value::from(active)),
                 ("InvocationID", Value::from(vec![0xabu8; 16])),
                 ("Job", Value::from((job, job_path))),
