@@ -24,9 +24,61 @@ pub const PACKAGED_UNITS: &[&str] = &[TARGET, SLICE, DRAIN, AUTOSTART, DAEMON, T
 
 /// Where systemd puts the D-Bus objects of workload units: it escapes
 /// every byte of a unit name outside `[A-Za-z0-9]` as `_xx`, so `berth@…`
-/// becomes `berth_40…`. Only a filter (a signal from any other unit is
-/// not a workload's); names come from listed units, never from decoding.
+/// becomes `berth_40…`.
 pub const WORKLOAD_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit/berth_40";
+const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit/";
+
+/// Where systemd keeps `unit`'s object: every byte outside [A-Za-z0-9]
+/// escaped as `_xx` (systemd's `bus_label_escape`).
+pub fn unit_object_path(unit: &str) -> String {
+    let mut path = String::from(UNIT_PATH_PREFIX);
+    for b in unit.bytes() {
+        if b.is_ascii_alphanumeric() {
+            path.push(b as char);
+        } else {
+            path.push_str(&format!("_{b:02x}"));
+        }
+    }
+    path
+}
+
+/// The workload whose unit systemd keeps at `path`, decoded from the path
+/// itself: a signal for a unit loaded since the last listing is placed
+/// without listing every unit again (one listing per new unit was
+/// quadratic: 2000 starts stalled the daemon past its watchdog). Only
+/// systemd's exact escaping of a valid workload name decodes; anything
+/// else is no workload.
+pub fn workload_of_path(path: &str) -> Option<String> {
+    let label = path.strip_prefix(UNIT_PATH_PREFIX)?.as_bytes();
+    let mut unit = Vec::with_capacity(label.len());
+    let mut i = 0;
+    while i < label.len() {
+        match label[i] {
+            b'_' => {
+                let hex = label.get(i + 1..i + 3)?;
+                if !hex.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                    return None;
+                }
+                let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                // systemd escapes exactly the bytes outside [A-Za-z0-9]:
+                // another spelling of the same name is not its path.
+                if byte.is_ascii_alphanumeric() {
+                    return None;
+                }
+                unit.push(byte);
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() => {
+                unit.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    let unit = String::from_utf8(unit).ok()?;
+    let name = instance_of(&unit)?;
+    is_valid_workload_name(name).then(|| name.to_string())
+}
 
 const PREFIX: &str = "berth@";
 const SUFFIX: &str = ".service";
@@ -72,6 +124,49 @@ mod tests {
             "xberth@a.service",
         ] {
             assert_eq!(instance_of(not_a_workload), None, "{not_a_workload}");
+        }
+    }
+
+    #[test]
+    fn workload_names_decode_from_systemd_object_paths() {
+        for (path, name) in [
+            (
+                "/org/freedesktop/systemd1/unit/berth_40web_2d1_2eservice",
+                "web-1",
+            ),
+            ("/org/freedesktop/systemd1/unit/berth_40t0001_2eservice", "t0001"),
+            (
+                "/org/freedesktop/systemd1/unit/berth_40db_2eprimary_2eservice",
+                "db.primary",
+            ),
+            ("/org/freedesktop/systemd1/unit/berth_40A_5fb_2eservice", "A_b"),
+        ] {
+            assert_eq!(workload_of_path(path).as_deref(), Some(name), "{path}");
+        }
+        for not_one in [
+            "/org/freedesktop/systemd1/unit/berth_2ddrain_2eservice",
+            "/org/freedesktop/systemd1/unit/berth_40_2eservice",
+            // a name berth refuses: "-a", "a b", "é"
+            "/org/freedesktop/systemd1/unit/berth_40_2da_2eservice",
+            "/org/freedesktop/systemd1/unit/berth_40a_20b_2eservice",
+            "/org/freedesktop/systemd1/unit/berth_40_c3_a9_2eservice",
+            // not systemd's spelling: upper-case hex, an escaped letter,
+            // a cut escape, a byte systemd escapes left bare
+            "/org/freedesktop/systemd1/unit/berth_40web_2D1_2eservice",
+            "/org/freedesktop/systemd1/unit/berth_40_77eb_2eservice",
+            "/org/freedesktop/systemd1/unit/berth_40web_2eservice_2",
+            "/org/freedesktop/systemd1/unit/berth_40web_2eservice/x",
+            "/org/freedesktop/systemd1/unit/berth_40web_2eservice_",
+            "/org/freedesktop/systemd1/job/42",
+            "",
+        ] {
+            assert_eq!(workload_of_path(not_one), None, "{not_one}");
+        }
+        // Round trip through systemd's escaping for every valid name shape.
+        for name in ["a", "web-1", "x.y_z", &"x".repeat(MAX_NAME_LEN)] {
+            let path = unit_object_path(&unit_name(name));
+            assert!(path.starts_with(WORKLOAD_PATH_PREFIX));
+            assert_eq!(workload_of_path(&path).as_deref(), Some(name));
         }
     }
 

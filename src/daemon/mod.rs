@@ -196,9 +196,15 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 if binary_replaced() {
                     return Ok(leave(&mut sup, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
                 }
+                let began = std::time::Instant::now();
                 let running = sup.pass(false).await;
+                // Its duration too: what a pass costs at this host's size
+                // is one `systemctl status` away (and the scale benchmark
+                // reads it there).
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
-                    "supervising {running} running workloads; last pass {}", rfc3339(sup.heartbeat)
+                    "supervising {running} running workloads; last pass {} took {:.1} ms",
+                    rfc3339(sup.heartbeat),
+                    began.elapsed().as_secs_f64() * 1000.0
                 ))]);
             }
             _ = watchdog_tick.tick() => {

@@ -36,9 +36,15 @@ impl Batch {
 
     /// Syncs the file system that holds the batch's directory.
     pub fn commit(self) -> io::Result<()> {
-        fs::create_dir_all(&self.dir)?;
-        nix::unistd::syncfs(File::open(&self.dir)?).map_err(io::Error::from)
+        sync_file_system(&self.dir)
     }
+}
+
+/// Makes durable what unsynced writes (a [`Batch`] dropped uncommitted,
+/// on other threads) put in `dir`: one `syncfs` of its file system.
+pub fn sync_file_system(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    nix::unistd::syncfs(File::open(dir)?).map_err(io::Error::from)
 }
 
 impl Drop for Batch {

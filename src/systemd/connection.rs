@@ -22,6 +22,18 @@ use crate::paths::Manager;
 /// Stop and start jobs run in parallel regardless: a call returns as soon
 /// as the job is queued.
 const MAX_PENDING_CALLS: usize = 64;
+/// Jobs this connection has queued and systemd has not finished, at once.
+/// systemd tracks the sender of every job queued over the bus with a
+/// match rule on its own bus connection, and dbus-daemon allows 512 per
+/// connection. Past that (measured: an autostart or a drain of 2000
+/// workloads on systemd 252) PID 1's AddMatch fails and systemd drops
+/// its bus connection ("Got disconnect on API bus"): calls in flight
+/// fail and JobRemoved signals are lost. Half of it is berth's, the rest
+/// stays for PID 1's own rules and other clients. systemctl, as root,
+/// uses systemd's private socket, where jobs are not tracked that way;
+/// zbus cannot talk to it (systemd sends its well-known name as the
+/// sender there, which zbus rejects as a unique name).
+pub const MAX_JOBS_IN_FLIGHT: usize = 256;
 /// No call may hang a shutdown: systemd answers in milliseconds, so a
 /// reply later than this means the bus or the manager is gone. Well under
 /// the drain unit's 30 s margin.
@@ -38,6 +50,10 @@ pub struct Systemd {
     pub(super) conn: Connection,
     pub(super) manager: ManagerProxy<'static>,
     calls: Arc<Semaphore>,
+    /// A permit per job queued and not yet finished: see
+    /// [`MAX_JOBS_IN_FLIGHT`]. Each is handed to [`Jobs`] with its job and
+    /// dropped when the job's JobRemoved arrives.
+    job_slots: Arc<Semaphore>,
     pub(super) jobs: Arc<Mutex<Jobs>>,
 }
 
@@ -83,6 +99,7 @@ impl Systemd {
             conn,
             manager,
             calls: Arc::new(Semaphore::new(MAX_PENDING_CALLS)),
+            job_slots: Arc::new(Semaphore::new(MAX_JOBS_IN_FLIGHT)),
             jobs,
         };
         systemd
@@ -105,6 +122,28 @@ impl Systemd {
             .await
             .map_err(|_| SystemdError::local(operation, unit, "the connection is closing"))?;
         call.await.map_err(|e| SystemdError::new(operation, unit, e))
+    }
+
+    /// Queues a job with `call` (StartUnit, StopUnit) once fewer than
+    /// [`MAX_JOBS_IN_FLIGHT`] of this connection's jobs are unfinished;
+    /// the job holds its slot until systemd says it finished.
+    pub(super) async fn queue_job(
+        &self,
+        operation: &'static str,
+        unit: &str,
+        call: impl Future<Output = zbus::Result<zbus::OwnedObjectPath>>,
+    ) -> Result<String, SystemdError> {
+        let slot = self
+            .job_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| SystemdError::local(operation, unit, "the connection is closing"))?;
+        let path = self.bounded(operation, unit, call).await?.as_str().to_string();
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.hold(&path, slot);
+        }
+        Ok(path)
     }
 
     /// The properties proxy of one unit, by its object path.

@@ -46,6 +46,11 @@ pub struct FakeOps {
     pub unanswered: RefCell<Vec<String>>,
     /// unit → its InvocationID, as details() tells it.
     pub invocations: RefCell<HashMap<String, String>>,
+    /// How long a start or stop call takes to be answered (the job is
+    /// queued when it is): zero unless a test says otherwise.
+    pub round_trip: std::cell::Cell<Duration>,
+    /// How many times the units were listed.
+    pub listings: std::cell::Cell<usize>,
 }
 
 impl FakeOps {
@@ -102,6 +107,14 @@ impl FakeOps {
         }
     }
 
+    /// A call's round trip.
+    async fn answer(&self) {
+        let round_trip = self.round_trip.get();
+        if !round_trip.is_zero() {
+            tokio::time::sleep(round_trip).await;
+        }
+    }
+
     /// The most jobs of `verb` in flight at any one time.
     pub fn peak(&self, verb: &str) -> usize {
         let spans = self.spans.borrow();
@@ -131,6 +144,7 @@ impl FakeOps {
 
 impl Ops for FakeOps {
     async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError> {
+        self.listings.set(self.listings.get() + 1);
         Ok(self
             .units
             .borrow()
@@ -140,12 +154,13 @@ impl Ops for FakeOps {
                 load_state: LoadState::Loaded,
                 active_state: state(*running),
                 sub_state: String::new(),
-                path: format!("/fake/{name}"),
+                path: crate::names::unit_object_path(name),
             })
             .collect())
     }
 
     async fn start(&self, unit: &str) -> Result<Job, SystemdError> {
+        self.answer().await;
         Ok(self.queue(unit, "start"))
     }
 
@@ -158,6 +173,7 @@ impl Ops for FakeOps {
         if unanswered {
             std::future::pending::<()>().await;
         }
+        self.answer().await;
         Ok(self.queue(unit, "stop"))
     }
 

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::types::JobResult;
 
@@ -21,6 +21,9 @@ const DONE_CACHE: usize = 4096;
 #[derive(Default)]
 pub(super) struct Jobs {
     slots: HashMap<String, Slot>,
+    /// The in-flight permit of each job this connection queued, until it
+    /// finishes (see `connection::MAX_JOBS_IN_FLIGHT`).
+    held: HashMap<String, OwnedSemaphorePermit>,
     /// Finished jobs nobody waited for yet, oldest first, for eviction.
     done_order: VecDeque<String>,
     closed: bool,
@@ -33,7 +36,16 @@ pub(super) enum Registered {
 }
 
 impl Jobs {
+    /// Keeps `permit` until the job at `path` finishes; at once if it
+    /// already has (its JobRemoved can come before the call's reply).
+    pub(super) fn hold(&mut self, path: &str, permit: OwnedSemaphorePermit) {
+        if !self.closed && !matches!(self.slots.get(path), Some(Slot::Done(_))) {
+            self.held.insert(path.to_string(), permit);
+        }
+    }
+
     pub(super) fn complete(&mut self, path: String, result: JobResult) {
+        self.held.remove(&path);
         let result = match self.slots.remove(&path) {
             // A waiter that gave up (timed out) dropped its receiver: keep
             // the result for the next wait on the same job.
@@ -57,6 +69,7 @@ impl Jobs {
     /// The connection closed: every waiter learns it now.
     pub(super) fn close(&mut self) {
         self.closed = true;
+        self.held.clear();
         for (_, slot) in self.slots.drain() {
             if let Slot::Waiting(tx) = slot {
                 let _ = tx.send(JobResult::Disconnected);
@@ -122,6 +135,23 @@ mod tests {
         }
         assert_eq!(jobs.slots.len(), DONE_CACHE);
         assert_eq!(done(&mut jobs, "/j/0"), None);
+    }
+
+    /// Issue 16: a permit is given back when its job finishes, also when
+    /// the job finished before its permit was handed over.
+    #[test]
+    fn job_slots_come_back_when_their_jobs_finish() {
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(2));
+        let mut jobs = Jobs::default();
+        jobs.hold("/j/1", slots.clone().try_acquire_owned().unwrap());
+        jobs.complete("/j/2".into(), JobResult::Done);
+        jobs.hold("/j/2", slots.clone().try_acquire_owned().unwrap());
+        assert_eq!(slots.available_permits(), 1, "/j/2 had finished already");
+        jobs.complete("/j/1".into(), JobResult::Done);
+        assert_eq!(slots.available_permits(), 2);
+        jobs.hold("/j/3", slots.clone().try_acquire_owned().unwrap());
+        jobs.close();
+        assert_eq!(slots.available_permits(), 2, "a closed connection frees them all");
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod proxies;
 pub mod types;
 mod watch;
 
-pub use connection::Systemd;
+pub use connection::{MAX_JOBS_IN_FLIGHT, Systemd};
 pub use error::SystemdError;
 pub use ops::Ops;
 pub use types::{

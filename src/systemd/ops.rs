@@ -55,8 +55,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn job(path: zbus::OwnedObjectPath) -> Job {
-    let path = path.as_str().to_string();
+fn job(path: String) -> Job {
     let id = path.rsplit('/').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     Job { path, id }
 }
@@ -209,14 +208,14 @@ impl Ops for Systemd {
 
     async fn start(&self, unit: &str) -> Result<Job, SystemdError> {
         let path = self
-            .bounded("StartUnit", unit, self.manager.start_unit(unit, "replace"))
+            .queue_job("StartUnit", unit, self.manager.start_unit(unit, "replace"))
             .await?;
         Ok(job(path))
     }
 
     async fn stop(&self, unit: &str) -> Result<Job, SystemdError> {
         let path = self
-            .bounded("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
+            .queue_job("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
             .await?;
         Ok(job(path))
     }
@@ -282,7 +281,6 @@ mod tests {
 
     #[test]
     fn job_ids_come_from_the_path() {
-        let path = zbus::OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/4242").unwrap();
-        assert_eq!(job(path).id, 4242);
+        assert_eq!(job("/org/freedesktop/systemd1/job/4242".into()).id, 4242);
     }
 }

@@ -193,6 +193,39 @@ ct_cleanup() {
     fi
 }
 
+# harness_allow_tasks N: the benchmarks at thousands of workloads need
+# more tasks than a sandbox's pids cgroup may allow (this machine's is 15%
+# of pid_max, 4915: the container's PID 1 failed to fork at ~4880 units).
+# The limit of the cgroup this shell runs in (v1 or v2) is raised to N for
+# the run and put back by harness_restore_tasks; a limit that cannot be
+# written is reported, and the benchmark then fails where systemd does.
+TASKS_FILE=
+TASKS_BEFORE=
+harness_allow_tasks() {
+    local need=$1 path file now
+    path=$(awk -F: '$2 == "pids" { print $3; exit }' /proc/self/cgroup)
+    if [ -n "$path" ]; then
+        file=/sys/fs/cgroup/pids$path/pids.max
+    else
+        path=$(awk -F: '$1 == "0" { print $3; exit }' /proc/self/cgroup)
+        file=/sys/fs/cgroup$path/pids.max
+    fi
+    [ -f "$file" ] || return 0
+    now=$(cat "$file")
+    if [ "$now" != max ] && [ "$now" -lt "$need" ]; then
+        if echo "$need" >"$file" 2>/dev/null; then
+            TASKS_FILE=$file
+            TASKS_BEFORE=$now
+            log "harness: $file raised from $now to $need for this run"
+        else
+            log "harness: $file is $now, below the $need tasks this run needs, and cannot be raised"
+        fi
+    fi
+}
+harness_restore_tasks() {
+    [ -z "$TASKS_FILE" ] || echo "$TASKS_BEFORE" >"$TASKS_FILE" 2>/dev/null || true
+}
+
 # ---------------------------------------------------------------------------
 # Assertions. Each prints one line; the scenario's summary counts them.
 # ---------------------------------------------------------------------------
