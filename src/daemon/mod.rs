@@ -168,6 +168,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     let mut fill_tick = tokio::time::interval(Duration::from_millis(2));
     let mut after_ready_tick = tokio::time::interval(Duration::from_millis(2));
     let mut sync_tick = tokio::time::interval(supervisor::SYNC_EVERY);
+    let mut deferred_tick = tokio::time::interval(Duration::from_secs(1));
     let (synced_tx, mut synced) = tokio::sync::mpsc::unbounded_channel();
     let gc_every = options
         .gc_interval
@@ -188,6 +189,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
             _ = fill_tick.tick(), if !sup.fill.is_empty() => sup.fill_one().await,
             _ = after_ready_tick.tick(), if !sup.after_ready.is_empty() => sup.look_closer_next().await,
             _ = sync_tick.tick(), if sup.wants_sync() => sup.sync_records(synced_tx.clone()),
+            _ = deferred_tick.tick(), if !sup.deferred.is_empty() => sup.retry_deferred().await,
             Some(result) = synced.recv() => sup.synced(result),
             _ = gc_tick.tick(), if !gc_every.is_zero() => sup.sweep(),
             _ = reconcile_tick.tick() => {
