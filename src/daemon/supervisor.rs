@@ -823,12 +823,7 @@ mod tests {
         let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
         sup.pass(false).await;
         // By the time the signal is handled, the stop it announced is done.
-        sup.sd
-            .units
-            .borrow_mut()
-            .get_mut(&names::unit_name("web"))
-            .unwrap()
-            .0 = false;
+        sup.sd.set_running("web", false);
         let path = sup.paths.keys().next().unwrap().clone();
         let observed = UnitDetails {
             active_state: ActiveState::Active,
@@ -865,12 +860,7 @@ mod tests {
             RecordState::Running
         );
         // Stopped behind the daemon's back, no signal seen.
-        sup.sd
-            .units
-            .borrow_mut()
-            .get_mut(&names::unit_name("web"))
-            .unwrap()
-            .0 = false;
+        sup.sd.set_running("web", false);
         sup.pass(false).await;
         assert_eq!(
             records::load(&root, "web").unwrap().unwrap().state,

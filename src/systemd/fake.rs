@@ -107,6 +107,13 @@ impl FakeOps {
         }
     }
 
+    /// Changes a unit's state behind berth's back (no job, no signal).
+    pub fn set_running(&self, name: &str, running: bool) {
+        if let Some(u) = self.units.borrow_mut().get_mut(&crate::names::unit_name(name)) {
+            u.0 = running;
+        }
+    }
+
     /// A call's round trip.
     async fn answer(&self) {
         let round_trip = self.round_trip.get();
