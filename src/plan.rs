@@ -174,6 +174,8 @@ mod tests {
             order,
             start_delay_s: 0,
             stop_action: StopAction::GuestShutdown,
+            ready: crate::config::Readiness::Exec,
+            ready_exec: None,
             stop_delay_s: delay,
             force_off_on_timeout: true,
             after: vec![],

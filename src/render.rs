@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use crate::config::{Loaded, Workload, WorkloadKind};
+use crate::config::{Loaded, Readiness, Workload, WorkloadKind};
 use crate::paths::Root;
 use crate::plan::{self, UnitStopTimeout};
 
@@ -199,6 +199,16 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
     if let Some(stop) = stop_exec {
         let _ = writeln!(service_lines, "ExecStop={}", exec_line(stop));
     }
+    if w.ready == Readiness::Notify {
+        service_lines.push_str("Type=notify\nNotifyAccess=main\n");
+    }
+    if let Some(probe) = &w.ready_exec {
+        let _ = writeln!(
+            service_lines,
+            "ExecStartPost={}",
+            exec_line(&ready_probe_loop(probe))
+        );
+    }
     if let Some(u) = &w.user {
         let _ = writeln!(service_lines, "User={u}");
     }
@@ -231,6 +241,20 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
             ("service_lines", &service_lines),
         ],
     )
+}
+
+/// The argv of an `ExecStartPost=` that runs `probe` every half second
+/// until it succeeds: the start job, and so the autostart's next group,
+/// waits for it, within the unit's start timeout. The probe is the shell's
+/// `$0` and `$@`, never part of the script text.
+fn ready_probe_loop(probe: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "until \"$0\" \"$@\"; do sleep 0.5; done".to_string(),
+    ];
+    argv.extend(probe.iter().cloned());
+    argv
 }
 
 fn sources(root: &Root, loaded: &Loaded) -> String {

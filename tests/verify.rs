@@ -32,7 +32,8 @@ fn stub(root: &Path, program: &str) {
 fn first_word(line: &str) -> Option<String> {
     let rest = line
         .strip_prefix("ExecStart=\"")
-        .or_else(|| line.strip_prefix("ExecStop=\""))?;
+        .or_else(|| line.strip_prefix("ExecStop=\""))
+        .or_else(|| line.strip_prefix("ExecStartPost=\""))?;
     Some(rest[..rest.find('"')?].to_string())
 }
 

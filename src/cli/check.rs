@@ -204,11 +204,20 @@ pub fn check_report(loaded: &Loaded) -> String {
                     }
                 ),
             };
+            let ready = match (w.ready, &w.ready_exec) {
+                (config::Readiness::Exec, None) => String::new(),
+                (config::Readiness::Exec, Some(probe)) => format!(" [ready when {} succeeds]", probe[0]),
+                (config::Readiness::Notify, None) => " [ready at READY=1]".to_string(),
+                (config::Readiness::Notify, Some(probe)) => {
+                    format!(" [ready at READY=1, then when {} succeeds]", probe[0])
+                }
+            };
             out.push_str(&format!(
-                "  {} ({}){}{}: {} — stop: {}\n",
+                "  {} ({}){}{}{}: {} — stop: {}\n",
                 w.unit_name(),
                 w.source.display(),
                 if w.autostart { "" } else { " [no autostart]" },
+                ready,
                 if w.start_delay_s > 0 {
                     format!(" [then wait {}s]", w.start_delay_s)
                 } else {

@@ -1,6 +1,9 @@
 //! `berth list` and `berth inspect NAME`: the same data with or without a
 //! daemon, from systemd (when reachable) and the records.
 
+use std::collections::{BTreeSet, HashMap};
+
+use futures_util::{StreamExt, stream};
 use serde_json::{Value, json};
 
 use super::{say, say_error, with_systemd};
@@ -10,19 +13,25 @@ use crate::paths::Root;
 use crate::state::records::{self, Record};
 use crate::systemd::{ActiveState, Ops, UnitDetails};
 
-/// Every loaded `berth@*.service` with its details, or None when systemd
-/// cannot be asked.
-async fn live_workloads<O: Ops>(sd: &O) -> Option<Vec<(String, UnitDetails)>> {
+/// Reads of unit details in flight at once: `berth list` of 5000
+/// workloads read them one after the other, a round trip each.
+const READS_IN_FLIGHT: usize = 64;
+
+/// Every loaded `berth@*.service` with its details, by workload name, or
+/// None when systemd cannot be asked.
+async fn live_workloads<O: Ops>(sd: &O) -> Option<HashMap<String, UnitDetails>> {
     let units = sd.list_workloads().await.ok()?;
-    let mut out = Vec::new();
-    for u in units {
-        if let Some(name) = instance_of(&u.name)
-            && let Ok(d) = sd.details(&u.name).await
-        {
-            out.push((name.to_string(), d));
-        }
-    }
-    Some(out)
+    let reads = units.into_iter().filter_map(|u| {
+        let name = instance_of(&u.name)?.to_string();
+        Some(async move { sd.details(&u.name).await.ok().map(|d| (name, d)) })
+    });
+    Some(
+        stream::iter(reads)
+            .buffer_unordered(READS_IN_FLIGHT)
+            .filter_map(|read| async move { read })
+            .collect()
+            .await,
+    )
 }
 
 pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
@@ -30,13 +39,9 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd).await) })
         .ok()
         .flatten();
-    let mut names: Vec<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
-    for (n, _) in live.iter().flatten() {
-        if !names.contains(n) {
-            names.push(n.clone());
-        }
-    }
-    names.sort();
+    // Sets and maps, not searches of lists: those were quadratic.
+    let mut names: BTreeSet<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
+    names.extend(live.iter().flat_map(|l| l.keys().cloned()));
     if let Some(only) = &only {
         if !names.contains(only) && records::load(root, only).ok().flatten().is_none() {
             say_error(&format!(
@@ -44,15 +49,12 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             ));
             return 1;
         }
-        names = vec![only.clone()];
+        names = BTreeSet::from([only.clone()]);
     }
     let mut rows = Vec::new();
     for name in &names {
         let record = records::load(root, name).ok().flatten();
-        let details = live
-            .as_ref()
-            .and_then(|l| l.iter().find(|(n, _)| n == name))
-            .map(|(_, d)| d);
+        let details = live.as_ref().and_then(|l| l.get(name));
         let active_state = match (details, &live) {
             (Some(d), _) => d.active_state.as_str().to_string(),
             (None, Some(_)) => ActiveState::Inactive.as_str().to_string(),

@@ -374,7 +374,7 @@ const REFUSED: &[(&[&str], &str)] = &[
             "ExecReload",
             "ExecCondition",
         ],
-        "commands come from the `exec` and `stop_exec` keys",
+        "commands come from the `exec`, `stop_exec` and `ready_exec` keys",
     ),
     (
         &[
@@ -412,7 +412,7 @@ const REFUSED: &[(&[&str], &str)] = &[
             "NotifyAccess",
             "PIDFile",
         ],
-        "how the workload is started and stopped is berth's (stop_delay_s, stop_action, force_off_on_timeout)",
+        "how the workload is started and stopped is berth's (ready, stop_delay_s, stop_action, force_off_on_timeout)",
     ),
     (&["User", "Group"], "use the `user` and `group` keys"),
     (

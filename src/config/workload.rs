@@ -30,6 +30,27 @@ impl StopAction {
     }
 }
 
+/// When a workload counts as started: what `berth autostart` waits for
+/// before it starts the next group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Readiness {
+    /// Once its program runs (`Type=exec`).
+    Exec,
+    /// Once its main process sends READY=1 (`Type=notify`,
+    /// `NotifyAccess=main`).
+    Notify,
+}
+
+impl Readiness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Exec => "exec",
+            Readiness::Notify => "notify",
+        }
+    }
+}
+
 /// How the workload's process comes to be. One kind today; externally
 /// managed guests and workloads created at run time are later kinds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +73,10 @@ pub struct Workload {
     pub order: i64,
     pub start_delay_s: u64,
     pub stop_action: StopAction,
+    pub ready: Readiness,
+    /// A probe run until it succeeds once the workload runs (and, with
+    /// `ready = "notify"`, is ready): the start completes only then.
+    pub ready_exec: Option<Vec<String>>,
     /// Resolved: the workload's own or the host default.
     pub stop_delay_s: u64,
     /// Resolved: the workload's own or the host default.
@@ -81,6 +106,8 @@ const WORKLOAD_KEYS: &[&str] = &[
     "stop_delay_s",
     "force_off_on_timeout",
     "stop_exec",
+    "ready",
+    "ready_exec",
     "after",
     "wants",
     "environment",
@@ -134,6 +161,15 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
         }
     };
     let stop_delay_s = r.int("stop_delay_s", host.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
+    let ready = match r.opt_text("ready").as_deref() {
+        None | Some("exec") => Readiness::Exec,
+        Some("notify") => Readiness::Notify,
+        Some(other) => {
+            r.error("ready", format!("must be \"exec\" or \"notify\", not {other:?}"));
+            Readiness::Exec
+        }
+    };
+    let ready_exec = r.take("ready_exec").and_then(|v| argv(&mut r, "ready_exec", v));
     let force_off_on_timeout = r.bool("force_off_on_timeout", host.force_off_on_timeout);
 
     let mut after = Vec::new();
@@ -207,6 +243,8 @@ pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workl
             order,
             start_delay_s,
             stop_action,
+            ready,
+            ready_exec,
             stop_delay_s,
             force_off_on_timeout,
             after,
@@ -538,6 +576,32 @@ mod tests {
         );
         assert!(e.iter().any(|m| m.contains("stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\"")));
         assert!(e.iter().any(|m| m.starts_with("D/web.toml: foo: unknown key")));
+    }
+
+    #[test]
+    fn readiness_keys() {
+        let w = load_text(r#"exec = ["/bin/true"]"#).unwrap();
+        assert_eq!((w.ready, w.ready_exec), (Readiness::Exec, None));
+        let w =
+            load_text("exec = [\"/bin/true\"]\nready = \"notify\"\nready_exec = [\"pg_isready\", \"-q\"]")
+                .unwrap();
+        assert_eq!(w.ready, Readiness::Notify);
+        assert_eq!(
+            w.ready_exec,
+            Some(vec!["pg_isready".to_string(), "-q".to_string()])
+        );
+        let e = load_text("exec = [\"/bin/true\"]\nready = \"sometimes\"\nready_exec = [\"rel/probe\"]")
+            .unwrap_err();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|m| m == "D/web.toml: ready: must be \"exec\" or \"notify\", not \"sometimes\""),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("D/web.toml: ready_exec[0]:")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::classify::{self, Decision, SeenBy, Settled};
 use super::health::{self, Health, HealthStatus};
-use crate::api::{Shared, WorkloadView};
-use crate::config::{self, Loaded};
+use crate::api::{RecordJson, Shared, WorkloadView};
+use crate::config::{self, HostSettings, Loaded};
 use crate::events::Events;
 use crate::names::{self, instance_of};
 use crate::paths::Root;
@@ -25,25 +25,24 @@ const JOB_MEMORY: Duration = Duration::from_secs(120);
 pub(super) struct Supervisor<O: Ops> {
     pub(super) sd: O,
     pub(super) root: Root,
-    pub(super) loaded: Loaded,
+    /// The host settings: what `berth.toml` said at the last (re)load.
+    pub(super) host: HostSettings,
+    /// The names of the configured workloads. Nothing else of their
+    /// definitions: 5000 of them held 2.5 MB the daemon never read.
+    configured: BTreeSet<String>,
     pub(super) events: Events,
     /// unit → (job type, when seen)
     jobs: HashMap<String, (JobType, Instant)>,
     pub(super) deferred: Vec<String>,
     pub(super) heartbeat: SystemTime,
     pub(super) api: Option<Arc<Shared>>,
-    /// ActiveState per workload at the last look: a pass looks closer only
-    /// at what changed, so an idle pass is one D-Bus call.
-    seen: HashMap<String, ActiveState>,
+    /// Every workload configured or loaded at the last pass, and those
+    /// signalled since: what was seen of it. A pass looks closer only at
+    /// what changed, so an idle pass is one D-Bus call.
+    tracked: HashMap<String, Tracked>,
     /// Workloads whose MainPID and InvocationID the API still lacks; filled
     /// a few at a time after READY, so adoption of many is quick.
     pub(super) fill: VecDeque<String>,
-    record_mtimes: HashMap<String, Option<SystemTime>>,
-    /// Workloads configured or loaded at the last pass.
-    live_names: BTreeSet<String>,
-    /// Object path → workload, from the listed units: what a
-    /// PropertiesChanged signal names.
-    paths: HashMap<String, String>,
     /// Running workloads the first pass found: looked at closely after
     /// READY, a chunk at a time. Their InvocationID is read (a new one
     /// than the record's is a restart made while no supervisor watched;
@@ -74,6 +73,14 @@ pub(super) struct Supervisor<O: Ops> {
     ended: HashMap<String, VecDeque<String>>,
 }
 
+/// What the supervisor last saw of a workload.
+struct Tracked {
+    active: ActiveState,
+    /// The record's mtime after the last look: a record rewritten behind
+    /// the supervisor's back (a helper, an admin) is looked at again.
+    record_mtime: Option<SystemTime>,
+}
+
 /// How often the daemon's loop hands written records to a sync.
 pub(super) const SYNC_EVERY: Duration = Duration::from_millis(200);
 
@@ -89,27 +96,33 @@ const TURN_BUDGET: Duration = Duration::from_millis(500);
 
 impl<O: Ops> Supervisor<O> {
     pub(super) fn new(sd: O, root: Root, loaded: Loaded, events: Events, api: Option<Arc<Shared>>) -> Self {
-        Supervisor {
+        let mut sup = Supervisor {
             sd,
             root,
-            loaded,
+            host: loaded.host.clone(),
+            configured: BTreeSet::new(),
             events,
             jobs: HashMap::new(),
             deferred: Vec::new(),
             heartbeat: SystemTime::now(),
             api,
-            seen: HashMap::new(),
+            tracked: HashMap::new(),
             fill: VecDeque::new(),
-            record_mtimes: HashMap::new(),
-            live_names: BTreeSet::new(),
-            paths: HashMap::new(),
             after_ready: VecDeque::new(),
             first_pass: false,
             passing: false,
             unsynced: BTreeSet::new(),
             syncing: false,
             ended: HashMap::new(),
-        }
+        };
+        sup.configure(loaded);
+        sup
+    }
+
+    /// Takes what the daemon needs of a (re)loaded config.
+    pub(super) fn configure(&mut self, loaded: Loaded) {
+        self.host = loaded.host;
+        self.configured = loaded.workloads.into_iter().map(|w| w.name).collect();
     }
 
     /// One scan of every workload unit; returns how many run.
@@ -126,35 +139,39 @@ impl<O: Ops> Supervisor<O> {
             }
         };
         let mut running = 0;
-        let mut states: Vec<(String, ActiveState)> = Vec::with_capacity(live.len());
-        self.paths.clear();
+        let mut states: HashMap<String, ActiveState> = HashMap::with_capacity(live.len());
         for u in live {
             if let Some(name) = instance_of(&u.name)
                 && self.is_followed(name, &u.active_state)
             {
-                self.paths.insert(u.path, name.to_string());
-                states.push((name.to_string(), u.active_state));
+                states.insert(name.to_string(), u.active_state);
             }
         }
-        // A set, not a search of `states` per workload: that was
+        // A map, not a search of the listed per workload: that was
         // quadratic, 12.5 million comparisons a pass at 5000 workloads.
-        let listed: BTreeSet<String> = states.iter().map(|(n, _)| n.clone()).collect();
-        for w in &self.loaded.workloads {
-            if !listed.contains(&w.name) {
-                states.push((w.name.clone(), ActiveState::Inactive));
+        for name in &self.configured {
+            if !states.contains_key(name) {
+                states.insert(name.clone(), ActiveState::Inactive);
             }
         }
-        self.live_names = states.iter().map(|(n, _)| n.clone()).collect();
         self.first_pass = first;
         self.passing = !first;
         // What a busy lock deferred is looked at again now.
         let deferred: BTreeSet<String> = std::mem::take(&mut self.deferred).into_iter().collect();
+        // Gone from systemd and from config: forgotten (and its view
+        // DELETED), before the pass, so that it holds no memory.
+        self.tracked.retain(|name, _| states.contains_key(name));
+        self.ended.retain(|name, _| states.contains_key(name));
+        if let Some(api) = &self.api {
+            api.retain(|name| states.contains_key(name));
+        }
         for (name, active) in states {
             // A record rewritten behind its back (a helper, an admin, a
             // corrupted file) is looked at again too: a stat per workload.
             let mtime = record_mtime(&self.root, &name);
-            let touched = self.record_mtimes.get(&name) != Some(&mtime);
-            let changed = self.seen.get(&name) != Some(&active);
+            let seen = self.tracked.get(&name);
+            let touched = seen.is_none_or(|t| t.record_mtime != mtime);
+            let changed = seen.is_none_or(|t| t.active != active);
             if first || changed || touched || deferred.contains(&name) {
                 let listed = UnitDetails {
                     active_state: active.clone(),
@@ -171,17 +188,17 @@ impl<O: Ops> Supervisor<O> {
             } else {
                 mtime
             };
-            self.record_mtimes.insert(name.clone(), mtime);
-            self.seen.insert(name, active);
+            self.tracked.insert(
+                name,
+                Tracked {
+                    active,
+                    record_mtime: mtime,
+                },
+            );
         }
         self.first_pass = false;
         self.passing = false;
         self.heartbeat = SystemTime::now();
-        self.seen.retain(|name, _| self.live_names.contains(name));
-        self.ended.retain(|name, _| self.live_names.contains(name));
-        if let Some(api) = &self.api {
-            api.retain(|name| self.live_names.contains(name));
-        }
         let health = self.health();
         if let Err(e) = health::write_status(&self.root, self.heartbeat, running, &health) {
             self.events.warn(&format!(
@@ -325,20 +342,15 @@ impl<O: Ops> Supervisor<O> {
     /// unconfigured, idle instance gets no record, no lock and no view.
     fn is_followed(&self, name: &str, active: &ActiveState) -> bool {
         names::is_valid_workload_name(name)
-            && (self.loaded.workload(name).is_some()
+            && (self.configured.contains(name)
                 || active.is_up()
                 || records::record_path(&self.root, name).exists())
     }
 
-    /// The workload whose unit lives at `path`: from the listed units, or
-    /// decoded from the path for a unit loaded since the last pass.
-    fn workload_at(&mut self, path: &str) -> Option<String> {
-        if let Some(name) = self.paths.get(path) {
-            return Some(name.clone());
-        }
-        let name = names::workload_of_path(path)?;
-        self.paths.insert(path.to_string(), name.clone());
-        Some(name)
+    /// The workload whose unit lives at `path`: decoded from the path
+    /// (systemd's escaping is exact), so no map of 5000 paths is kept.
+    fn workload_at(&self, path: &str) -> Option<String> {
+        names::workload_of_path(path)
     }
 
     /// Compares systemd's state of one workload with its record and records
@@ -408,7 +420,9 @@ impl<O: Ops> Supervisor<O> {
             return;
         }
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() && !adopting {
-            if self.passing {
+            // The first pass too: a thousand workloads started while no
+            // daemon ran took 2.8 s of reads and records before READY.
+            if self.passing || self.first_pass {
                 self.after_ready.push_back(name.to_string());
                 return;
             }
@@ -419,7 +433,20 @@ impl<O: Ops> Supervisor<O> {
         } else if details.invocation_id.is_empty() && self.api.is_some() {
             self.fill.push_back(name.to_string());
         }
-        self.seen.insert(name.to_string(), details.active_state.clone());
+        match self.tracked.get_mut(name) {
+            Some(t) => t.active = details.active_state.clone(),
+            // First seen by a signal: its record's mtime is unknown, so
+            // the next pass looks at it once more.
+            None => {
+                self.tracked.insert(
+                    name.to_string(),
+                    Tracked {
+                        active: details.active_state.clone(),
+                        record_mtime: None,
+                    },
+                );
+            }
+        }
         let job = self
             .jobs
             .get(&unit)
@@ -556,16 +583,16 @@ impl<O: Ops> Supervisor<O> {
                 active_state: details.active_state.clone(),
                 main_pid,
                 invocation_id,
-                record,
+                record: record.as_ref().and_then(RecordJson::of),
             });
         }
     }
 
     pub(super) fn health(&self) -> Health {
         let failed = self
-            .seen
+            .tracked
             .iter()
-            .filter(|(_, s)| **s == ActiveState::Failed)
+            .filter(|(_, t)| t.active == ActiveState::Failed)
             .map(|(n, _)| n.clone())
             .collect();
         Health::new(failed, self.deferred.clone())
@@ -607,7 +634,7 @@ impl<O: Ops> Supervisor<O> {
             let Some(name) = file.strip_suffix(".json") else {
                 continue;
             };
-            if !crate::names::is_valid_workload_name(name) || self.live_names.contains(name) {
+            if !crate::names::is_valid_workload_name(name) || self.tracked.contains_key(name) {
                 continue;
             }
             // Never waited on inside the loop: a held lock means someone is
@@ -653,7 +680,7 @@ impl<O: Ops> Supervisor<O> {
             active_state: details.active_state,
             main_pid: details.main_pid,
             invocation_id: details.invocation_id,
-            record,
+            record: record.as_ref().and_then(RecordJson::of),
         });
     }
 }
@@ -718,7 +745,7 @@ mod tests {
             "a running instance is followed, configured or not"
         );
         assert!(records::load(&root, "junk1").unwrap().is_none());
-        assert!(!sup.live_names.contains("junk1"));
+        assert!(!sup.tracked.contains_key("junk1"));
         assert!(!root.runtime_dir().join("locks/workloads/junk1").exists());
     }
 
@@ -824,7 +851,7 @@ mod tests {
         sup.pass(false).await;
         // By the time the signal is handled, the stop it announced is done.
         sup.sd.set_running("web", false);
-        let path = sup.paths.keys().next().unwrap().clone();
+        let path = names::unit_object_path(&names::unit_name("web"));
         let observed = UnitDetails {
             active_state: ActiveState::Active,
             invocation_id: "aaaa".into(),
@@ -871,6 +898,36 @@ mod tests {
         sup.look_closer_next().await;
         let web = records::load(&root, "web").unwrap().unwrap();
         assert_eq!(web.state, RecordState::Stopped, "recorded on the next loop turn");
+    }
+
+    /// Issue 16: the first pass read and recorded, before READY, every
+    /// transition made while no daemon ran: 1000 workloads started
+    /// meanwhile held READY for 2.8 s.
+    #[tokio::test]
+    async fn a_first_pass_records_transitions_after_ready() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Stopped;
+            r.last_transition_reason = TransitionReason::Boot;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.pass(true).await;
+        assert_eq!(
+            records::load(&root, "web").unwrap().unwrap().state,
+            RecordState::Stopped,
+            "nothing read or recorded before READY"
+        );
+        assert_eq!(sup.after_ready, ["web"]);
+        sup.look_closer_next().await;
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (web.state, web.last_transition_reason),
+            (RecordState::Running, TransitionReason::StartUser),
+            "recorded right after READY"
+        );
     }
 
     /// Issue 16: a signal of a unit loaded since the last pass listed every
