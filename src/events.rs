@@ -60,6 +60,12 @@ impl Events {
         }
     }
 
+    /// Whether events are echoed to stderr (a person at a terminal, or no
+    /// journal).
+    pub fn echoes(&self) -> bool {
+        self.echo
+    }
+
     pub fn info(&self, message: &str) {
         self.emit(log::Level::Info, "", &[], message)
     }

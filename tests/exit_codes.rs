@@ -294,3 +294,50 @@ fn check_json_for_ci() {
     assert_eq!(v["errors"][0]["key"], "exec");
     assert!(v["errors"][0]["file"].as_str().unwrap().ends_with("bad.toml"));
 }
+
+/// Issue 11, part 4: `berth cat NAME` shows the file and the drop-in, and
+/// says when the drop-in systemd loaded is not the one the file makes.
+#[test]
+fn cat_shows_the_file_and_its_drop_in() {
+    let (root, dir) = root_with_web();
+    fs::write(dir.join("bad.toml"), "exec = \"/bin/x\"\n").unwrap();
+    let o = run(berth_bin(), &["cat", "web"], Some(root.path()));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let r = root.path().display();
+    assert!(
+        out.starts_with(&format!("# {r}/etc/berth/workloads/web.toml\nexec = ")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("# {r}/run/systemd/generator/berth@web.service.d/10-berth.conf (what berth-generator makes of it)\n# Automatically generated")),
+        "{out}"
+    );
+    assert!(out.contains("ExecStart=\"/usr/bin/sleep\" \"infinity\""), "{out}");
+    assert!(out.contains("systemd has loaded no such drop-in yet"), "{out}");
+    // The generator's own output in place: nothing more to say.
+    let generated = root.path().join("run/systemd/generator");
+    fs::create_dir_all(&generated).unwrap();
+    let g = run(generator_bin(), &[generated.to_str().unwrap()], Some(root.path()));
+    assert_eq!(code(&g), 1, "bad.toml makes the generator exit 1: {}", stderr(&g));
+    let o = run(berth_bin(), &["cat", "web"], Some(root.path()));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(!out.contains("daemon-reload"), "{out}");
+    fs::write(dir.join("web.toml"), "exec = [\"/usr/bin/sleep\", \"10\"]\n").unwrap();
+    let out =
+        String::from_utf8_lossy(&run(berth_bin(), &["cat", "web"], Some(root.path())).stdout).into_owned();
+    assert!(out.contains("The drop-in systemd loaded differs"), "{out}");
+
+    let o = run(berth_bin(), &["cat", "bad"], Some(root.path()));
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("bad.toml: exec: must be a list of strings"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(code(&run(berth_bin(), &["cat", "nope"], Some(root.path()))), 1);
+    assert_eq!(
+        code(&run(berth_bin(), &["cat", "../etc/passwd"], Some(root.path()))),
+        2
+    );
+}

@@ -97,23 +97,31 @@ fn dry_run_text(plan: &DryRun) -> String {
         plan.parallelism, plan.deadline_s, plan.drain_timeout_stop_s, plan.worst_case_s
     );
     for (i, g) in plan.groups.iter().enumerate() {
-        out.push_str(&format!("group {}:\n", i + 1));
-        for t in g {
+        out.push_str(&format!(
+            "group {} ({}): worst case {} s, {} s from the start\n",
+            i + 1,
+            match g.order {
+                Some(order) => format!("order {order}"),
+                None => "running units with no workload file".to_string(),
+            },
+            g.worst_case_s,
+            g.worst_case_until_end_s
+        ));
+        for t in &g.workloads {
             out.push_str(&format!(
                 "  {} {}: {}{}\n",
                 t.unit,
                 if t.running { "running" } else { "not running" },
-                match t.stop_action {
-                    StopAction::PowerOff => "power_off (SIGKILL at once)".to_string(),
-                    StopAction::GuestShutdown => format!(
-                        "stop, wait up to {} s, then {}",
-                        t.stop_delay_s,
-                        if t.force_off_on_timeout {
+                match (t.stop_action, t.stop_delay_s) {
+                    (StopAction::GuestShutdown, Some(delay)) => format!(
+                        "stop, wait up to {delay} s, then {}",
+                        if t.force_off_on_timeout == Some(true) {
                             "force off"
                         } else {
                             "leave running"
                         }
                     ),
+                    _ => "power_off (SIGKILL at once, no stop delay)".to_string(),
                 },
                 if t.configured {
                     ""

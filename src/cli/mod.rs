@@ -4,6 +4,7 @@
 //! usage error (clap's).
 
 mod build;
+mod cat;
 mod check;
 mod daemon;
 mod drain;
@@ -108,6 +109,8 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
+    /// Show a workload's file and the drop-in berth-generator makes of it.
+    Cat { name: String },
     /// Show one workload: live state and its record.
     Inspect {
         name: String,
@@ -188,6 +191,7 @@ pub fn main() -> i32 {
         }
         Verb::Thaw { name } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
         Verb::List { json } => with_root(root, |r| list::run(r, None, json)),
+        Verb::Cat { name } => with_root(root, |r| cat::run(r, &name)),
         Verb::Inspect { name, json } => with_root(root, |r| list::run(r, Some(name), json)),
         Verb::Install { bindir, force } => with_root(root, |r| install::install(r, bindir, force)),
         Verb::Uninstall { purge } => with_root(root, |r| install::uninstall(r, purge)),

@@ -7,10 +7,14 @@ use std::time::{Duration, SystemTime};
 // tokio's clock: the same as std's in production, and pausable in tests.
 use tokio::time::Instant;
 
+use std::collections::BTreeSet;
+use std::io::Write;
+
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use super::plan::{self, Target};
+use super::progress::{Progress, WAITING_EVERY};
 use super::report::{log_outcome, record, summarize, write, write_record};
 use crate::config::{Loaded, StopAction};
 use crate::events::Events;
@@ -30,6 +34,22 @@ use crate::time::rfc3339;
 /// stopped answering queues every call for 10 s) is reported Failed, so
 /// that the report is written before systemd's TimeoutStopSec= kill.
 pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events, began: Instant) -> Report {
+    run_showing(ops, root, loaded, events, began, |total| {
+        Progress::for_drain(total, events.echoes())
+    })
+    .await
+}
+
+/// [`run`], its progress shown where `progress` (given the number of
+/// running workloads to stop) says.
+pub(super) async fn run_showing<O: Ops, W: Write>(
+    ops: &O,
+    root: &Root,
+    loaded: &Loaded,
+    events: &Events,
+    began: Instant,
+    progress: impl FnOnce(usize) -> Progress<W>,
+) -> Report {
     let started = began;
     let started_at = rfc3339(SystemTime::now() - began.elapsed());
     let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
@@ -55,6 +75,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events,
     };
     let groups = plan::groups(loaded, &live);
     let everyone: Vec<String> = groups.iter().flatten().map(|t| t.name.clone()).collect();
+    let mut progress = progress(groups.iter().flatten().filter(|t| t.running).count());
     let parallelism = loaded.host.drain_parallelism.max(1) as usize;
     let mut results = Vec::new();
     let within_budget = tokio::time::timeout_at(
@@ -68,6 +89,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events,
             started,
             deadline,
             &mut results,
+            &mut progress,
         ),
     )
     .await
@@ -109,7 +131,7 @@ pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events,
 /// everything left at once. Results go into `results` as they come, so
 /// that what was done survives the budget running out.
 #[allow(clippy::too_many_arguments)]
-async fn stop_groups<O: Ops>(
+async fn stop_groups<O: Ops, W: Write>(
     ops: &O,
     root: &Root,
     events: &Events,
@@ -118,8 +140,12 @@ async fn stop_groups<O: Ops>(
     started: Instant,
     deadline: Instant,
     results: &mut Vec<StopResult>,
+    progress: &mut Progress<W>,
 ) {
     let mut records = Vec::new();
+    // Whose stops are under way, for the waiting line.
+    let mut stopping: BTreeSet<String> = BTreeSet::new();
+    let mut waiting = tokio::time::interval_at(Instant::now() + WAITING_EVERY, WAITING_EVERY);
     let mut groups = groups.into_iter();
     while let Some(mut group) = groups.next() {
         // Past the deadline the remaining groups are one batch: everything
@@ -141,7 +167,12 @@ async fn stop_groups<O: Ops>(
             };
             while in_flight.len() < limit {
                 match queue.next() {
-                    Some(t) => in_flight.push(stop_one(ops, t, Some(root), started, deadline)),
+                    Some(t) => {
+                        if t.running {
+                            stopping.insert(t.name.clone());
+                        }
+                        in_flight.push(stop_one(ops, t, Some(root), started, deadline));
+                    }
                     None => break,
                 }
             }
@@ -158,8 +189,16 @@ async fn stop_groups<O: Ops>(
                         queue = rest.into_iter();
                         continue;
                     }
+                    _ = waiting.tick() => {
+                        progress.waiting(stopping.iter().map(String::as_str), deadline);
+                        continue;
+                    }
                 }
             };
+            if let Some((r, _)) = &next {
+                stopping.remove(&r.workload);
+                progress.finished(r);
+            }
             match next {
                 Some((r, lock)) if Instant::now() >= deadline && queue.len() > 0 => {
                     records.push(record_aside(root, &r, lock, events));

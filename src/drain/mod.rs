@@ -8,6 +8,7 @@
 
 pub mod execute;
 pub mod plan;
+pub mod progress;
 pub mod report;
 
 pub use execute::run;
@@ -217,6 +218,60 @@ pub(crate) mod tests {
             report.workloads.last().unwrap().workload,
             "ghost",
             "orphans come last"
+        );
+    }
+
+    /// What a `Progress` wrote, kept after the drain consumed it.
+    #[derive(Clone, Default)]
+    struct Sink(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.borrow_mut().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 11, part 4: the console showed only systemd's "A stop job is
+    /// running" during a long drain.
+    #[tokio::test(start_paused = true)]
+    async fn the_console_hears_of_each_stop_and_of_the_wait() {
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("slow", "order = 0"),
+                ("quick", "order = 10"),
+                ("idle", "order = 10"),
+            ],
+        );
+        let ops = FakeOps::default()
+            .unit("slow", true, Behaviour::Takes(12 * SEC))
+            .unit("quick", true, Behaviour::Takes(SEC))
+            .unit("idle", false, Behaviour::Takes(SEC));
+        let sink = Sink::default();
+        let out = sink.clone();
+        execute::run_showing(
+            &ops,
+            &root,
+            &loaded,
+            &Events::new("test"),
+            tokio::time::Instant::now(),
+            move |total| progress::Progress::to(out, total),
+        )
+        .await;
+        let text = String::from_utf8(sink.0.borrow().clone()).unwrap();
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            [
+                "berth: berth@quick.service GracefulOff after 1.0 s (1 of 2 done)",
+                "berth: waiting for 1 workload, 175 s left before the deadline (stopping: berth@slow.service)",
+                "berth: waiting for 1 workload, 170 s left before the deadline (stopping: berth@slow.service)",
+                "berth: berth@slow.service GracefulOff after 12.0 s (2 of 2 done)",
+            ],
+            "nothing said of the workload that was not running"
         );
     }
 

@@ -84,7 +84,7 @@ pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
 /// whether the deadline fits.
 #[derive(Debug, Serialize)]
 pub struct DryRun {
-    pub groups: Vec<Vec<Target>>,
+    pub groups: Vec<PlannedGroup>,
     pub parallelism: u32,
     pub deadline_s: u64,
     pub worst_case_s: u64,
@@ -92,13 +92,69 @@ pub struct DryRun {
     pub warnings: Vec<String>,
 }
 
+/// One group of the plan as `--dry-run` shows it.
+#[derive(Debug, Serialize)]
+pub struct PlannedGroup {
+    /// The workloads' `order`; None for the running units nobody
+    /// configured (the last group).
+    pub order: Option<i64>,
+    /// Its rounds of `drain_parallelism` stops times its longest budget.
+    pub worst_case_s: u64,
+    /// The worst case from the drain's start to this group's end.
+    pub worst_case_until_end_s: u64,
+    pub workloads: Vec<PlannedStop>,
+}
+
+/// One workload of the plan as `--dry-run` shows it: a `power_off` one
+/// has no stop delay and nothing to force.
+#[derive(Debug, Serialize)]
+pub struct PlannedStop {
+    pub name: String,
+    pub unit: String,
+    pub running: bool,
+    pub stop_action: StopAction,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_delay_s: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force_off_on_timeout: Option<bool>,
+    pub configured: bool,
+}
+
+impl PlannedStop {
+    fn of(t: Target) -> PlannedStop {
+        let graceful = t.stop_action == StopAction::GuestShutdown;
+        PlannedStop {
+            stop_delay_s: Some(t.stop_delay_s).filter(|_| graceful),
+            force_off_on_timeout: Some(t.force_off_on_timeout).filter(|_| graceful),
+            name: t.name,
+            unit: t.unit,
+            running: t.running,
+            stop_action: t.stop_action,
+            configured: t.configured,
+        }
+    }
+}
+
 pub fn dry_run(loaded: &Loaded, live: Option<&[UnitStatus]>) -> DryRun {
-    let groups = groups(loaded, live.unwrap_or(&[]));
     let p = loaded.host.drain_parallelism.max(1) as usize;
-    let worst_case_s = groups
-        .iter()
-        .map(|g| g.len().div_ceil(p) as u64 * g.iter().map(Target::budget_s).max().unwrap_or(0))
-        .sum();
+    let mut worst_case_s = 0;
+    let groups: Vec<PlannedGroup> = groups(loaded, live.unwrap_or(&[]))
+        .into_iter()
+        .map(|g| {
+            let group_s = g.len().div_ceil(p) as u64 * g.iter().map(Target::budget_s).max().unwrap_or(0);
+            worst_case_s += group_s;
+            PlannedGroup {
+                order: g
+                    .first()
+                    .filter(|t| t.configured)
+                    .and_then(|t| loaded.workload(&t.name))
+                    .map(|w| w.order),
+                worst_case_s: group_s,
+                worst_case_until_end_s: worst_case_s,
+                workloads: g.into_iter().map(PlannedStop::of).collect(),
+            }
+        })
+        .collect();
     let deadline_s = loaded.host.drain_deadline_s;
     let mut warnings = Vec::new();
     if live.is_none() {
@@ -148,13 +204,33 @@ mod tests {
         );
         assert_eq!(
             plan.groups
-                .concat()
                 .iter()
+                .flat_map(|g| &g.workloads)
                 .filter(|t| t.unit == "berth@c.service")
                 .count(),
             1
         );
+        // Issue 11: the order values and the worst case up to each group.
+        let shown: Vec<_> = plan
+            .groups
+            .iter()
+            .map(|g| (g.order, g.worst_case_s, g.worst_case_until_end_s))
+            .collect();
+        assert_eq!(shown, [(Some(5), 30, 30), (Some(0), 50, 80)]);
         let json = serde_json::to_value(&plan).unwrap();
-        assert_eq!(json["groups"][0][0]["stop_action"], "guest_shutdown");
+        assert_eq!(json["groups"][0]["workloads"][0]["stop_action"], "guest_shutdown");
+    }
+
+    /// Issue 11: a power_off workload was shown with a stop delay it never
+    /// gets.
+    #[test]
+    fn dry_run_gives_power_off_no_stop_delay() {
+        let (_d, _root, loaded) = setup("", &[("zap", "stop_action = \"power_off\"\nstop_delay_s = 50")]);
+        let json = serde_json::to_value(dry_run(&loaded, None)).unwrap();
+        let zap = &json["groups"][0]["workloads"][0];
+        assert_eq!(zap["stop_action"], "power_off");
+        assert!(zap.get("stop_delay_s").is_none(), "{zap}");
+        assert!(zap.get("force_off_on_timeout").is_none(), "{zap}");
+        assert_eq!(json["groups"][0]["worst_case_s"], 0);
     }
 }

@@ -10,9 +10,10 @@ scenario_begin 07-drain
 
 ct_boot drain "$REPO/tests/harness/config/drain"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
-for w in base n1 n2 n3 stubborn patient zap; do
+for w in base slow n1 n2 n3 stubborn patient zap; do
     check_eq "berth@$w running before power-off" active "$(ct_prop "berth@$w.service" ActiveState)"
 done
+check_eq "the drain unit takes STATUS= from its ExecStop" exec "$(ct_prop berth-drain.service NotifyAccess)"
 ct_poweroff 120
 check "power-off completed although one workload was left running" test -z "$CT_PID"
 
@@ -27,7 +28,7 @@ want = {
     "base": ("GracefulOff", None), "n1": ("GracefulOff", None), "n2": ("GracefulOff", None),
     "n3": ("GracefulOff", None), "stubborn": ("ForcedOff", "E_DRAIN_FORCED_OFF"),
     "patient": ("TimedOut", "E_DRAIN_GUEST_TIMEOUT"), "zap": ("PoweredOff", None),
-    "idle": ("AlreadyOff", None),
+    "idle": ("AlreadyOff", None), "slow": ("GracefulOff", None),
 }
 assert got == want, f"report outcomes:\n got  {got}\n want {want}"
 assert report["elapsed_ms"] <= 30_000, f"drain took {report['elapsed_ms']} ms, deadline 30 s"
@@ -49,7 +50,7 @@ assert any(r.get("MESSAGE_ID") == "61e222e9096b43169c2ddfd80dc89fbb" for r in re
 
 # Reverse group order: group 10 is done before group 0 (base) begins.
 w = {x["workload"]: x for x in report["workloads"]}
-group10_end = max(x["started_ms"] + x["elapsed_ms"] for n, x in w.items() if n != "base")
+group10_end = max(x["started_ms"] + x["elapsed_ms"] for n, x in w.items() if n not in ("base", "slow"))
 assert w["base"]["started_ms"] >= group10_end, f"base began at {w['base']['started_ms']} ms, group 10 ended at {group10_end} ms"
 # Never more than 2 stopping at once (the drain's own clock) ...
 edges = sorted([(x["started_ms"], 1) for x in report["workloads"]] + [(x["started_ms"] + x["elapsed_ms"], -1) for x in report["workloads"]], key=lambda e: (e[0], e[1]))
@@ -71,3 +72,13 @@ assert events("base")["stop-begin"] >= max(e for _, e in spans), "base stopped b
 print(f"drain took {report['elapsed_ms']} ms; peak parallelism {peak}")
 PY
 check_contains "the report file is written" '"deadline_s": 30' "$(cat "$CT_DIR/state/last-drain.json")"
+# Issue 11, part 4: the drain's progress on the console. slow stops 8 s
+# after its group began (5 s or more into the drain): the waiting line of
+# the 10th second names it.
+sed 's/\x1b\[[0-9;]*m//g' "$CT_DIR/console.log" | tr -d '\r' >"$CT_DIR/console.txt"
+console=$(cat "$CT_DIR/console.txt")
+check_contains "the console shows each stop as it ends" "berth: berth@stubborn.service ForcedOff after" "$console"
+check_contains "the console counts the stops" "(8 of 8 done)" "$console"
+check "the console shows what is waited for, and the time left" grep -qE \
+    'berth: waiting for 1 workload, (19|20) s left before the deadline \(stopping: berth@slow\.service\)' "$CT_DIR/console.txt"
+check_lacks "nothing is said of the workload that was not running" "berth@idle.service AlreadyOff" "$console"
