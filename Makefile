@@ -161,6 +161,7 @@ bench: all
 	bench/helpers.sh
 	bench/daemon.sh
 	bench/adoption-scale.sh
+	bench/add-burst.sh
 
 clean:
 	$(CARGO) clean

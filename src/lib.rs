@@ -21,6 +21,7 @@ pub mod generator;
 pub mod install;
 pub mod live;
 pub mod log;
+pub mod manage;
 pub mod names;
 pub mod paths;
 pub mod plan;

@@ -341,3 +341,33 @@ fn cat_shows_the_file_and_its_drop_in() {
         2
     );
 }
+
+/// Issue 11, part 2: refused input names file, key and reason, exits 1
+/// and leaves nothing behind, whether or not systemd can be reached.
+#[test]
+fn add_refuses_bad_input_before_asking_systemd() {
+    let root = tempfile::tempdir().unwrap();
+    let o = run(
+        berth_bin(),
+        &["add", "web", "--stop-action", "halt", "--", "/bin/true"],
+        Some(root.path()),
+    );
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("etc/berth/workloads/web.toml: stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !root.path().join("etc/berth/workloads").exists(),
+        "nothing written"
+    );
+    let o = run(berth_bin(), &["add", "web"], Some(root.path()));
+    assert_eq!(code(&o), 2, "no command: a usage error: {}", stderr(&o));
+    let o = run(
+        berth_bin(),
+        &["add", "web", "--env", "NOEQUALS", "--", "/bin/true"],
+        Some(root.path()),
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

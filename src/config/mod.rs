@@ -166,6 +166,33 @@ pub fn load_workload(root: &Root, name: &str) -> Option<Workload> {
     workload::load(name, &path, &host).ok()
 }
 
+/// The workload file of `name` that wins (None: none, or masked).
+pub fn find_workload_file(root: &Root, name: &str) -> Option<PathBuf> {
+    source::find_workload(root, name)
+}
+
+/// `text` checked as the workload file `path` would be, before it is
+/// written there (`berth add`): the same rules and messages as the
+/// generator's, naming `path`.
+pub fn check_workload_text(
+    root: &Root,
+    name: &str,
+    path: &Path,
+    text: &str,
+) -> Result<Workload, Vec<ConfigError>> {
+    if !is_valid_workload_name(name) {
+        return Err(vec![ConfigError::file(
+            path,
+            format!(
+                "{name:?} is not a valid workload name: use 1-64 characters from A-Z a-z 0-9 _ . - starting with a letter or digit"
+            ),
+        )]);
+    }
+    let host = source::discover_host(root);
+    let (host, _) = host::load(&host.host_files, &HostSettings::defaults_for(root));
+    workload::load_text(name, path, text, &host)
+}
+
 /// Loads one workload by name the way the generator would, for the
 /// template's fallback message and for helpers that need one definition.
 pub fn load_one(root: &Root, name: &str) -> Result<Workload, Vec<ConfigError>> {

@@ -12,6 +12,11 @@ use super::ConfigError;
 /// Reads and parses one TOML file.
 pub(super) fn parse_file(path: &Path) -> Result<Table, ConfigError> {
     let text = fs::read_to_string(path).map_err(|e| ConfigError::file(path, format!("cannot read: {e}")))?;
+    parse_text(path, &text)
+}
+
+/// `text` as the TOML file at `path` (named in the errors).
+pub(super) fn parse_text(path: &Path, text: &str) -> Result<Table, ConfigError> {
     text.parse::<Table>().map_err(|e| {
         let at = match e.span() {
             Some(span) => {

@@ -7,7 +7,7 @@ use toml::Value;
 
 use super::host::{HostSettings, MAX_DELAY_S};
 use super::passthrough::{self, ServiceSetting};
-use super::read::{Origin, Reader, control_char, describe_control, parse_file};
+use super::read::{Origin, Reader, control_char, describe_control, parse_file, parse_text};
 use super::{ConfigError, Manager};
 use crate::names::{PACKAGED_UNITS, instance_of, unit_name};
 
@@ -118,8 +118,28 @@ const WORKLOAD_KEYS: &[&str] = &[
 
 pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
     let table = parse_file(path).map_err(|e| vec![e])?;
+    from_table(name, path, &table, host)
+}
+
+/// `text` as the workload file `path` would be read, before it is there.
+pub(super) fn load_text(
+    name: &str,
+    path: &Path,
+    text: &str,
+    host: &HostSettings,
+) -> Result<Workload, Vec<ConfigError>> {
+    let table = parse_text(path, text).map_err(|e| vec![e])?;
+    from_table(name, path, &table, host)
+}
+
+fn from_table(
+    name: &str,
+    path: &Path,
+    table: &toml::Table,
+    host: &HostSettings,
+) -> Result<Workload, Vec<ConfigError>> {
     let origin = Origin::single(path);
-    let mut r = Reader::new(&table, "", &origin);
+    let mut r = Reader::new(table, "", &origin);
     let mut errors = Vec::new();
 
     let exec = match r.take("exec") {

@@ -110,6 +110,48 @@ pub async fn workload_within(root: &Root, name: &str, limit: Duration) -> io::Re
     }
 }
 
+/// One of the locks that serialize `berth add` and `berth remove`
+/// (`locks/config-write`, held while a file and the counter are written;
+/// `locks/config-reload`, held across a daemon-reload), waiting up to
+/// `limit` without blocking the runtime's thread.
+pub async fn config_within(root: &Root, which: ConfigLock, limit: Duration) -> io::Result<File> {
+    let path = locks_dir(root).join(which.file_name());
+    let file = open(&path)?;
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(fs::TryLockError::WouldBlock) => return Err(held(&path)),
+            Err(fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+/// Which of the configuration writers' locks.
+#[derive(Debug, Clone, Copy)]
+pub enum ConfigLock {
+    Write,
+    Reload,
+}
+
+impl ConfigLock {
+    fn file_name(self) -> &'static str {
+        match self {
+            ConfigLock::Write => "config-write",
+            ConfigLock::Reload => "config-reload",
+        }
+    }
+}
+
+/// Where the writers of workload files count what they wrote and what a
+/// daemon-reload covered (under [`ConfigLock::Write`]).
+pub fn config_generations_path(root: &Root) -> PathBuf {
+    locks_dir(root).join("config-generations")
+}
+
 /// The workload's lock if it is free now; `WouldBlock` otherwise.
 pub fn try_workload(root: &Root, name: &str) -> io::Result<File> {
     take(&workload_lock_path(root, name), 1)

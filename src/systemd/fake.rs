@@ -51,6 +51,10 @@ pub struct FakeOps {
     pub round_trip: std::cell::Cell<Duration>,
     /// How many times the units were listed.
     pub listings: std::cell::Cell<usize>,
+    /// How many daemon-reloads were asked for.
+    pub reloads: RefCell<u32>,
+    /// The manager's SystemState; "running" unless a test says otherwise.
+    pub system_state: RefCell<Option<String>>,
 }
 
 impl FakeOps {
@@ -258,7 +262,16 @@ impl Ops for FakeOps {
     }
 
     async fn reload(&self) -> Result<(), SystemdError> {
+        *self.reloads.borrow_mut() += 1;
         Ok(())
+    }
+
+    async fn system_state(&self) -> Result<String, SystemdError> {
+        Ok(self
+            .system_state
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "running".into()))
     }
 
     async fn enable_unit_file(&self, _unit: &str) -> Result<(), SystemdError> {

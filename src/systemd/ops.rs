@@ -41,6 +41,8 @@ pub trait Ops {
 
     /// `systemctl daemon-reload`: reruns the generators, reloads units.
     async fn reload(&self) -> Result<(), SystemdError>;
+    /// The manager's SystemState: "running", "degraded", "stopping", …
+    async fn system_state(&self) -> Result<String, SystemdError>;
     /// `systemctl enable` without the reload.
     async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError>;
     /// `systemctl disable` without the reload.
@@ -248,6 +250,11 @@ impl Ops for Systemd {
 
     async fn reload(&self) -> Result<(), SystemdError> {
         self.bounded("Reload", "the manager", self.manager.reload()).await
+    }
+
+    async fn system_state(&self) -> Result<String, SystemdError> {
+        self.bounded("Get SystemState of", "the manager", self.manager.system_state())
+            .await
     }
 
     async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError> {

@@ -51,6 +51,9 @@ pub trait Manager {
 
     fn disable_unit_files(&self, files: &[&str], runtime: bool) -> zbus::Result<Vec<UnitFileChange>>;
 
+    #[zbus(property)]
+    fn system_state(&self) -> zbus::Result<String>;
+
     #[zbus(signal)]
     fn job_new(&self, id: u32, job: OwnedObjectPath, unit: String) -> zbus::Result<()>;
 

@@ -1,0 +1,340 @@
+//! Workloads a control plane adds and removes while the host runs
+//! (`berth add`, `berth remove`): the workload file written atomically
+//! where the generator reads it, one daemon-reload shared by concurrent
+//! writers ([`reload`]), then the start or after the stop.
+
+pub mod reload;
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{self, ConfigError};
+use crate::names::unit_name;
+use crate::paths::{Root, WORKLOAD_DIR};
+use crate::state::atomic::{self, Replacement};
+use crate::systemd::{JobResult, Ops};
+
+pub use reload::ReloadError;
+
+/// Where a workload file goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// `/etc/berth/workloads`: kept across reboots.
+    Admin,
+    /// `/run/berth/workloads`: gone at the next boot.
+    Runtime,
+}
+
+impl Place {
+    /// The workloads directory (the first two of the configuration
+    /// directories, in precedence order).
+    pub fn dir(self, root: &Root) -> PathBuf {
+        let dirs = root.config_dirs();
+        let i = match self {
+            Place::Admin => 0,
+            Place::Runtime => 1,
+        };
+        dirs[i].join(WORKLOAD_DIR)
+    }
+}
+
+#[derive(Debug)]
+pub enum ChangeError {
+    /// The text breaks the configuration rules, as the generator says.
+    Invalid(Vec<ConfigError>),
+    /// A file of that name is there already (a remove comes first).
+    Exists(PathBuf),
+    /// A file of that name in a directory of higher precedence would mask
+    /// the new one.
+    Masked(PathBuf),
+    /// No workload file of that name.
+    Missing(String),
+    /// Only the admin and runtime directories are berth's to change.
+    Packaged(PathBuf),
+    /// Still running, and no stop was asked for: its file must stay while
+    /// it runs (the drop-in carries its stop).
+    Running(String),
+    /// The host is shutting down.
+    Stopping,
+    Io(PathBuf, std::io::Error),
+    Systemd(String),
+    Reload(ReloadError),
+}
+
+impl std::fmt::Display for ChangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |p: &Path| config::shown_path(p);
+        match self {
+            ChangeError::Invalid(errors) => {
+                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                write!(f, "refused, nothing written:\n{}", lines.join("\n"))
+            }
+            ChangeError::Exists(p) => write!(f, "{} exists already; `berth remove` it first", shown(p)),
+            ChangeError::Masked(p) => write!(
+                f,
+                "{} would take precedence over the new file (/etc/berth wins over /run/berth); nothing written",
+                shown(p)
+            ),
+            ChangeError::Missing(name) => write!(f, "no workload {name:?} is configured"),
+            ChangeError::Packaged(p) => write!(
+                f,
+                "{} belongs to a package; mask it instead (a symlink to /dev/null of the same name in /etc/berth/workloads)",
+                shown(p)
+            ),
+            ChangeError::Running(unit) => write!(
+                f,
+                "{unit} is running; its file stays while it runs (its stop is in the drop-in made from it): use --stop"
+            ),
+            ChangeError::Stopping => write!(f, "the system is shutting down; nothing changed"),
+            ChangeError::Io(p, e) => write!(f, "{}: {e}", shown(p)),
+            ChangeError::Systemd(e) => write!(f, "{e}"),
+            ChangeError::Reload(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// What an add or a remove did.
+#[derive(Debug)]
+pub struct Done {
+    pub path: PathBuf,
+    /// This call ran the daemon-reload (false: another writer's covered it).
+    pub reloaded: bool,
+    /// With --now / --stop: how the start or stop job ended.
+    pub job: Option<JobResult>,
+}
+
+/// Refused while the system shuts down: a unit loaded then would be
+/// stopped by the shutdown transaction, or miss the drain.
+async fn refuse_if_stopping<O: Ops>(ops: &O) -> Result<(), ChangeError> {
+    match ops.system_state().await {
+        Ok(state) if state == "stopping" => Err(ChangeError::Stopping),
+        Ok(_) => Ok(()),
+        Err(e) => Err(ChangeError::Systemd(e.to_string())),
+    }
+}
+
+/// Adds workload `name` defined by `text`: checked like the generator
+/// checks it, written atomically (a temporary name that never matches
+/// `*.toml`), systemd reloaded (or covered by a concurrent writer's
+/// reload), and with `start` the unit started and its job waited for.
+pub async fn add<O: Ops>(
+    ops: &O,
+    root: &Root,
+    name: &str,
+    text: &str,
+    place: Place,
+    start: bool,
+) -> Result<Done, ChangeError> {
+    let path = place.dir(root).join(format!("{name}.toml"));
+    config::check_workload_text(root, name, &path, text).map_err(ChangeError::Invalid)?;
+    refuse_if_stopping(ops).await?;
+    let written = reload::counted(root, || {
+        // Checked under the lock, so that two adds of one name cannot
+        // both find it free. A file of the name in a directory of lower
+        // precedence (runtime, packages) is overridden, as asked.
+        let here = path.clone();
+        let admin = Place::Admin.dir(root).join(format!("{name}.toml"));
+        if here.symlink_metadata().is_ok() {
+            return Err(ChangeError::Exists(here));
+        }
+        if place == Place::Runtime && admin.symlink_metadata().is_ok() {
+            return Err(ChangeError::Masked(admin));
+        }
+        atomic::replace(&path, &Replacement::File(text.as_bytes(), 0o644))
+            .map_err(|e| ChangeError::Io(path.clone(), e))
+    })
+    .await
+    .map_err(ChangeError::Reload)?;
+    let ((), generation) = written?;
+    let reloaded = reload::reload_covering(ops, root, generation)
+        .await
+        .map_err(ChangeError::Reload)?;
+    let job = if start {
+        let job = ops
+            .start(&unit_name(name))
+            .await
+            .map_err(|e| ChangeError::Systemd(e.to_string()))?;
+        ops.wait(&job, None).await
+    } else {
+        None
+    };
+    Ok(Done { path, reloaded, job })
+}
+
+/// Removes workload `name`'s file (the one that wins) and reloads. A
+/// running workload is stopped first with `stop`, refused without.
+pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Result<Done, ChangeError> {
+    if !crate::names::is_valid_workload_name(name) {
+        return Err(ChangeError::Missing(name.to_string()));
+    }
+    let path =
+        config::find_workload_file(root, name).ok_or_else(|| ChangeError::Missing(name.to_string()))?;
+    if path.parent() != Some(Place::Admin.dir(root).as_path())
+        && path.parent() != Some(Place::Runtime.dir(root).as_path())
+    {
+        return Err(ChangeError::Packaged(path));
+    }
+    refuse_if_stopping(ops).await?;
+    let unit = unit_name(name);
+    let running = ops
+        .active_state(&unit)
+        .await
+        .map_err(|e| ChangeError::Systemd(e.to_string()))?
+        .is_up();
+    let job = if running {
+        if !stop {
+            return Err(ChangeError::Running(unit));
+        }
+        let job = ops
+            .stop(&unit)
+            .await
+            .map_err(|e| ChangeError::Systemd(e.to_string()))?;
+        let result = ops.wait(&job, None).await;
+        if result != Some(JobResult::Done) {
+            return Err(ChangeError::Systemd(format!(
+                "the stop of {unit} ended {}; its file stays",
+                result.map_or("without a result".to_string(), |r| r.to_string())
+            )));
+        }
+        result
+    } else {
+        None
+    };
+    let removed = reload::counted(root, || {
+        std::fs::remove_file(&path).map_err(|e| ChangeError::Io(path.clone(), e))
+    })
+    .await
+    .map_err(ChangeError::Reload)?;
+    let ((), generation) = removed?;
+    let reloaded = reload::reload_covering(ops, root, generation)
+        .await
+        .map_err(ChangeError::Reload)?;
+    Ok(Done { path, reloaded, job })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::systemd::fake::{Behaviour, FakeOps};
+    use std::time::Duration;
+
+    const WEB: &str = "exec = [\"/usr/bin/web\"]\n";
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn an_add_writes_reloads_and_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
+        let done = add(&ops, &root, "web", WEB, Place::Admin, true).await.unwrap();
+        assert_eq!(done.path, dir.path().join("etc/berth/workloads/web.toml"));
+        assert_eq!(std::fs::read_to_string(&done.path).unwrap(), WEB);
+        assert!(done.reloaded);
+        assert_eq!(done.job, Some(JobResult::Done));
+        assert_eq!(*ops.reloads.borrow(), 1);
+        assert!(matches!(
+            add(&ops, &root, "web", WEB, Place::Admin, false).await,
+            Err(ChangeError::Exists(_))
+        ));
+        assert!(
+            matches!(
+                add(&ops, &root, "web", WEB, Place::Runtime, false).await,
+                Err(ChangeError::Masked(_))
+            ),
+            "/etc wins: a runtime file would never be read"
+        );
+        assert_eq!(files(&Place::Runtime.dir(&root)), Vec::<String>::new());
+    }
+
+    /// Refused input names file, key and reason, and leaves nothing
+    /// behind (no file, no temporary file, no reload).
+    #[tokio::test]
+    async fn a_refused_add_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        let Err(ChangeError::Invalid(errors)) = add(
+            &ops,
+            &root,
+            "web",
+            "exec = \"/bin/x\"\norder = \"first\"\n",
+            Place::Admin,
+            true,
+        )
+        .await
+        else {
+            panic!("accepted")
+        };
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter()
+                .any(|e| e.contains("etc/berth/workloads/web.toml: exec: must be a list")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|e| e.contains("web.toml: order: must be an integer")),
+            "{text:?}"
+        );
+        assert!(matches!(
+            add(&ops, &root, "../x", WEB, Place::Admin, false).await,
+            Err(ChangeError::Invalid(_))
+        ));
+        assert_eq!(files(&Place::Admin.dir(&root)), Vec::<String>::new());
+        assert_eq!(*ops.reloads.borrow(), 0);
+    }
+
+    #[tokio::test]
+    async fn nothing_changes_while_the_system_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        *ops.system_state.borrow_mut() = Some("stopping".into());
+        assert!(matches!(
+            add(&ops, &root, "web", WEB, Place::Runtime, false).await,
+            Err(ChangeError::Stopping)
+        ));
+        assert_eq!(files(&Place::Runtime.dir(&root)), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_running_workload_keeps_its_file_unless_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        let path = add(&ops, &root, "web", WEB, Place::Runtime, false)
+            .await
+            .unwrap()
+            .path;
+        assert!(matches!(
+            remove(&ops, &root, "web", false).await,
+            Err(ChangeError::Running(_))
+        ));
+        assert!(path.exists());
+        let done = remove(&ops, &root, "web", true).await.unwrap();
+        assert_eq!(done.job, Some(JobResult::Done));
+        assert!(!path.exists());
+        assert_eq!(*ops.reloads.borrow(), 2);
+        assert!(matches!(
+            remove(&ops, &root, "web", true).await,
+            Err(ChangeError::Missing(_))
+        ));
+        let packaged = dir.path().join("usr/lib/berth/workloads");
+        std::fs::create_dir_all(&packaged).unwrap();
+        std::fs::write(packaged.join("pkg.toml"), WEB).unwrap();
+        assert!(matches!(
+            remove(&ops, &root, "pkg", false).await,
+            Err(ChangeError::Packaged(_))
+        ));
+    }
+}

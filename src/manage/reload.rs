@@ -1,0 +1,155 @@
+//! One daemon-reload for many concurrent adds and removes.
+//!
+//! Every writer counts its file under the write lock (`written`, a
+//! generation). To return, it needs a reload that began after its file was
+//! in place: under the reload lock it reads `reloaded`, and if that covers
+//! its generation another writer's reload did the job; otherwise it reads
+//! `written` (every file in place by now), reloads, and records that
+//! number as `reloaded`. A burst of writers queues on the reload lock
+//! while one reloads, and most find their file covered when their turn
+//! comes.
+
+use std::time::Duration;
+
+use crate::paths::Root;
+use crate::state::lock::{self, ConfigLock};
+use crate::systemd::{Ops, SystemdError};
+
+/// How long a writer waits for another writer's lock: a daemon-reload of
+/// a big host takes seconds, and a burst queues behind a few of them.
+const LOCK_WAIT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Generations {
+    written: u64,
+    reloaded: u64,
+}
+
+#[derive(Debug)]
+pub enum ReloadError {
+    Lock(std::io::Error),
+    Systemd(SystemdError),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::Lock(e) => write!(f, "cannot take the configuration lock: {e}"),
+            ReloadError::Systemd(e) => write!(f, "systemd could not be reloaded: {e}"),
+        }
+    }
+}
+
+/// Unreadable or garbled counts read as none written and none reloaded:
+/// the next writer reloads, which is always safe.
+fn read(root: &Root) -> Generations {
+    let text = std::fs::read_to_string(lock::config_generations_path(root)).unwrap_or_default();
+    let mut numbers = text.split_whitespace().map(|n| n.parse::<u64>());
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(written)), Some(Ok(reloaded))) => Generations { written, reloaded },
+        _ => Generations::default(),
+    }
+}
+
+fn write(root: &Root, g: Generations) -> std::io::Result<()> {
+    std::fs::write(
+        lock::config_generations_path(root),
+        format!("{} {}\n", g.written, g.reloaded),
+    )
+}
+
+/// Runs `change` (writing or removing a workload file) under the write
+/// lock and counts it; returns its result and its generation.
+pub async fn counted<T, E>(
+    root: &Root,
+    change: impl FnOnce() -> Result<T, E>,
+) -> Result<Result<(T, u64), E>, ReloadError> {
+    let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
+        .await
+        .map_err(ReloadError::Lock)?;
+    let done = match change() {
+        Ok(done) => done,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut g = read(root);
+    g.written += 1;
+    write(root, g).map_err(ReloadError::Lock)?;
+    Ok(Ok((done, g.written)))
+}
+
+/// Returns once a daemon-reload that began after generation `mine` was
+/// written has completed; true when this call ran it.
+pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<bool, ReloadError> {
+    let _reload = lock::config_within(root, ConfigLock::Reload, LOCK_WAIT)
+        .await
+        .map_err(ReloadError::Lock)?;
+    let target = {
+        let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
+            .await
+            .map_err(ReloadError::Lock)?;
+        let g = read(root);
+        if g.reloaded >= mine {
+            return Ok(false);
+        }
+        g.written
+    };
+    ops.reload().await.map_err(ReloadError::Systemd)?;
+    let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
+        .await
+        .map_err(ReloadError::Lock)?;
+    let mut g = read(root);
+    g.reloaded = g.reloaded.max(target);
+    write(root, g).map_err(ReloadError::Lock)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::systemd::fake::FakeOps;
+
+    /// Writers whose files a reload already covered do not reload again;
+    /// a file written after a reload began gets one of its own.
+    #[tokio::test]
+    async fn a_reload_covers_every_file_written_before_it_began() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        let mut gens = Vec::new();
+        for _ in 0..3 {
+            let ((), g) = counted::<(), ()>(&root, || Ok(())).await.unwrap().unwrap();
+            gens.push(g);
+        }
+        assert_eq!(gens, [1, 2, 3]);
+        assert!(
+            reload_covering(&ops, &root, 2).await.unwrap(),
+            "the first reloads"
+        );
+        assert!(!reload_covering(&ops, &root, 1).await.unwrap(), "covered");
+        assert!(
+            !reload_covering(&ops, &root, 3).await.unwrap(),
+            "3 was in place when it began"
+        );
+        assert_eq!(*ops.reloads.borrow(), 1);
+        let ((), g) = counted::<(), ()>(&root, || Ok(())).await.unwrap().unwrap();
+        assert!(
+            reload_covering(&ops, &root, g).await.unwrap(),
+            "written after: reloads"
+        );
+        assert_eq!(*ops.reloads.borrow(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_refused_change_is_not_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        assert_eq!(counted::<(), &str>(&root, || Err("no")).await.unwrap(), Err("no"));
+        assert_eq!(read(&root), Generations::default());
+        std::fs::write(lock::config_generations_path(&root), "garbage").unwrap();
+        assert_eq!(
+            read(&root),
+            Generations::default(),
+            "garbled counts: the next writer reloads"
+        );
+    }
+}
