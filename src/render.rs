@@ -246,12 +246,14 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
 /// The argv of an `ExecStartPost=` that runs `probe` every half second
 /// until it succeeds: the start job, and so the autostart's next group,
 /// waits for it, within the unit's start timeout. The probe is the shell's
-/// `$0` and `$@`, never part of the script text.
+/// `$0` and `$@`, never part of the script text, and run with `exec` in a
+/// subshell: a program, never a shell builtin of the same name (a probe
+/// named `exit` or `true` would say ready at once).
 fn ready_probe_loop(probe: &[String]) -> Vec<String> {
     let mut argv = vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
-        "until \"$0\" \"$@\"; do sleep 0.5; done".to_string(),
+        "until (exec \"$0\" \"$@\"); do sleep 0.5; done".to_string(),
     ];
     argv.extend(probe.iter().cloned());
     argv
@@ -369,6 +371,29 @@ mod tests {
         );
         assert_eq!(exec(&["/x", ";", "", "a b", "ünï"]), r#""/x" ";" "" "a b" "ünï""#);
         assert_eq!(exec(&["/x", "\t\u{7f}\u{85}"]), r#""/x" "\x09\x7f\u0085""#);
+    }
+
+    /// Review of issue 11: the probe ran as a shell command, so a probe
+    /// named like a builtin (`exit`) ran the builtin and said ready at
+    /// once. It must run a program, or keep failing.
+    #[test]
+    fn a_probe_is_a_program_never_a_builtin() {
+        let argv = ready_probe_loop(&["exit".to_string()]);
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let ended = child.try_wait().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(ended, None, "no program `exit`: the loop must still be waiting");
+        let argv = ready_probe_loop(&["/bin/true".to_string()]);
+        let status = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .status()
+            .unwrap();
+        assert!(status.success(), "a probe that succeeds ends the loop");
     }
 
     #[test]

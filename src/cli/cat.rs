@@ -16,7 +16,7 @@ pub(super) fn run(root: &Root, name: &str) -> i32 {
             "berth cat: {}: not a workload name (1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit)",
             printable(name)
         ));
-        return 2;
+        return 1;
     }
     let loaded = config::load(root);
     let Some(w) = loaded.workload(name) else {

@@ -146,6 +146,8 @@ async fn stop_groups<O: Ops, W: Write>(
     // Whose stops are under way, for the waiting line.
     let mut stopping: BTreeSet<String> = BTreeSet::new();
     let mut waiting = tokio::time::interval_at(Instant::now() + WAITING_EVERY, WAITING_EVERY);
+    // A loop held up for longer says so once, not once per missed tick.
+    waiting.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut groups = groups.into_iter();
     while let Some(mut group) = groups.next() {
         // Past the deadline the remaining groups are one batch: everything

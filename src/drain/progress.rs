@@ -38,8 +38,8 @@ impl Progress<Box<dyn Write>> {
     /// console, which is where a person watching a shutdown looks. Its
     /// standard output goes to the journal, which has the events already;
     /// a console that cannot be opened (a container without one) is no
-    /// reason to fail, so standard output is used then. Run by hand: to
-    /// standard output.
+    /// reason to fail: STATUS= alone then. Run by hand: to standard
+    /// output.
     pub fn for_drain(total: usize, outcomes_echoed: bool) -> Self {
         let console = std::env::var_os("INVOCATION_ID").and_then(|_| {
             OpenOptions::new()
@@ -52,6 +52,9 @@ impl Progress<Box<dyn Write>> {
         });
         let out: Box<dyn Write> = match console {
             Some(c) => Box::new(c),
+            // Under systemd without a console, standard output is the
+            // journal, which has the events already: STATUS= only.
+            None if std::env::var_os("INVOCATION_ID").is_some() => Box::new(std::io::sink()),
             None => Box::new(std::io::stdout()),
         };
         Progress {
@@ -133,8 +136,10 @@ impl<W: Write> Progress<W> {
 
     /// A console that went away (or a closed stdout) must not stop the
     /// drain: errors are ignored.
+    /// Each line in one write: on a console that takes no more bytes
+    /// (non-blocking) a line is dropped, not cut and glued to the next.
     fn say(&mut self, line: &str) {
-        let _ = writeln!(self.out, "{line}");
+        let _ = self.out.write(format!("{line}\n").as_bytes());
         let _ = self.out.flush();
     }
 

@@ -5,6 +5,7 @@
 
 pub mod reload;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{self, ConfigError};
@@ -55,9 +56,15 @@ pub enum ChangeError {
     Running(String),
     /// The host is shutting down.
     Stopping,
+    /// The file was replaced or removed meanwhile (another add or remove).
+    Changed(PathBuf),
     Io(PathBuf, std::io::Error),
     Systemd(String),
+    /// Before anything was changed.
     Reload(ReloadError),
+    /// After the change: the file is written (or gone), systemd has not
+    /// loaded it yet.
+    NotLoaded(PathBuf, ReloadError),
 }
 
 impl std::fmt::Display for ChangeError {
@@ -85,9 +92,19 @@ impl std::fmt::Display for ChangeError {
                 "{unit} is running; its file stays while it runs (its stop is in the drop-in made from it): use --stop"
             ),
             ChangeError::Stopping => write!(f, "the system is shutting down; nothing changed"),
+            ChangeError::Changed(p) => write!(
+                f,
+                "{} was replaced or removed meanwhile by another add or remove; nothing changed",
+                shown(p)
+            ),
             ChangeError::Io(p, e) => write!(f, "{}: {e}", shown(p)),
             ChangeError::Systemd(e) => write!(f, "{e}"),
-            ChangeError::Reload(e) => write!(f, "{e}"),
+            ChangeError::Reload(e) => write!(f, "{e}; nothing changed"),
+            ChangeError::NotLoaded(p, e) => write!(
+                f,
+                "{} is changed, but {e}: `systemctl daemon-reload` loads it",
+                shown(p)
+            ),
         }
     }
 }
@@ -147,7 +164,7 @@ pub async fn add<O: Ops>(
     let ((), generation) = written?;
     let reloaded = reload::reload_covering(ops, root, generation)
         .await
-        .map_err(ChangeError::Reload)?;
+        .map_err(|e| ChangeError::NotLoaded(path.clone(), e))?;
     let job = if start {
         let job = ops
             .start(&unit_name(name))
@@ -173,13 +190,17 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     {
         return Err(ChangeError::Packaged(path));
     }
+    let identity = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
     refuse_if_stopping(ops).await?;
     let unit = unit_name(name);
-    let running = ops
+    // Starting (a readiness wait can last its whole start timeout) or
+    // stopping counts as running: only a unit that is down may lose its
+    // drop-in.
+    let running = !ops
         .active_state(&unit)
         .await
         .map_err(|e| ChangeError::Systemd(e.to_string()))?
-        .is_up();
+        .is_down();
     let job = if running {
         if !stop {
             return Err(ChangeError::Running(unit));
@@ -200,6 +221,13 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
         None
     };
     let removed = reload::counted(root, || {
+        // Still the file that was found: another remove and an add of the
+        // same name may have come in between, and the new file is not
+        // this remove's to take.
+        match std::fs::symlink_metadata(&path) {
+            Ok(now) if Some((now.dev(), now.ino())) == identity => {}
+            _ => return Err(ChangeError::Changed(path.clone())),
+        }
         std::fs::remove_file(&path).map_err(|e| ChangeError::Io(path.clone(), e))
     })
     .await
@@ -207,7 +235,7 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     let ((), generation) = removed?;
     let reloaded = reload::reload_covering(ops, root, generation)
         .await
-        .map_err(ChangeError::Reload)?;
+        .map_err(|e| ChangeError::NotLoaded(path.clone(), e))?;
     Ok(Done { path, reloaded, job })
 }
 
@@ -336,5 +364,42 @@ mod tests {
             remove(&ops, &root, "pkg", false).await,
             Err(ChangeError::Packaged(_))
         ));
+    }
+
+    /// Review of issue 11: a workload still starting (a readiness wait
+    /// lasts up to its start timeout) counted as not running, and lost its
+    /// drop-in to a remove without --stop.
+    #[tokio::test]
+    async fn a_workload_still_starting_keeps_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        let path = add(&ops, &root, "web", WEB, Place::Admin, false)
+            .await
+            .unwrap()
+            .path;
+        for state in [
+            crate::systemd::ActiveState::Activating,
+            crate::systemd::ActiveState::Deactivating,
+        ] {
+            ops.states.borrow_mut().insert(unit_name("web"), state);
+            assert!(matches!(
+                remove(&ops, &root, "web", false).await,
+                Err(ChangeError::Running(_))
+            ));
+            assert!(path.exists());
+        }
+    }
+
+    /// Review of issue 11: a daemon-reload that outlasted the call's 10 s
+    /// timeout (a big host) failed the add although systemd finished it.
+    #[tokio::test]
+    async fn a_slow_reload_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        ops.reload_times_out.set(true);
+        let done = add(&ops, &root, "web", WEB, Place::Admin, false).await.unwrap();
+        assert!(done.reloaded);
     }
 }

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use crate::paths::Root;
+use crate::state::atomic::{self, Replacement};
 use crate::state::lock::{self, ConfigLock};
 use crate::systemd::{Ops, SystemdError};
 
@@ -51,10 +52,12 @@ fn read(root: &Root) -> Generations {
     }
 }
 
+/// Replaced whole (a temporary file renamed over it): a writer killed
+/// halfway never leaves counts that read lower than they were.
 fn write(root: &Root, g: Generations) -> std::io::Result<()> {
-    std::fs::write(
-        lock::config_generations_path(root),
-        format!("{} {}\n", g.written, g.reloaded),
+    atomic::replace(
+        &lock::config_generations_path(root),
+        &Replacement::File(format!("{} {}\n", g.written, g.reloaded).as_bytes(), 0o600),
     )
 }
 
@@ -93,7 +96,7 @@ pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<
         }
         g.written
     };
-    ops.reload().await.map_err(ReloadError::Systemd)?;
+    reload(ops).await.map_err(ReloadError::Systemd)?;
     let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
         .await
         .map_err(ReloadError::Lock)?;
@@ -101,6 +104,29 @@ pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<
     g.reloaded = g.reloaded.max(target);
     write(root, g).map_err(ReloadError::Lock)?;
     Ok(true)
+}
+
+/// How many times a reload that outlasts a call's timeout is waited for.
+const SLOW_RELOAD_CHECKS: u32 = 12;
+
+/// A daemon-reload, waited for to its end. On a big host it outlasts a
+/// call's 10 s timeout; systemd answers nothing else until it is done,
+/// so once a read of its state is answered again, the reload is over.
+async fn reload<O: Ops>(ops: &O) -> Result<(), SystemdError> {
+    let Err(e) = ops.reload().await else {
+        return Ok(());
+    };
+    if !e.is_transient() {
+        return Err(e);
+    }
+    for _ in 0..SLOW_RELOAD_CHECKS {
+        match ops.system_state().await {
+            Ok(_) => return Ok(()),
+            Err(again) if again.is_transient() => continue,
+            Err(other) => return Err(other),
+        }
+    }
+    Err(e)
 }
 
 #[cfg(test)]

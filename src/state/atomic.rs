@@ -79,18 +79,23 @@ pub fn replace(path: &Path, with: &Replacement) -> io::Result<()> {
         std::process::id()
     ));
     let _ = fs::remove_file(&tmp);
-    match with {
-        Replacement::File(bytes, mode) => {
+    let written = match with {
+        Replacement::File(bytes, mode) => (|| {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
             f.set_permissions(fs::Permissions::from_mode(*mode))?;
             if !batched() {
                 f.sync_all()?;
             }
-        }
-        Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp)?,
+            Ok(())
+        })(),
+        Replacement::Symlink(target) => std::os::unix::fs::symlink(target, &tmp),
+    };
+    // A full disk must not leave the temporary file behind.
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, path)?;
     if batched() {
         return Ok(());
     }

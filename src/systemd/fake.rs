@@ -55,6 +55,10 @@ pub struct FakeOps {
     pub reloads: RefCell<u32>,
     /// The manager's SystemState; "running" unless a test says otherwise.
     pub system_state: RefCell<Option<String>>,
+    /// A daemon-reload that outlasts the call's timeout (it goes on).
+    pub reload_times_out: std::cell::Cell<bool>,
+    /// unit → an ActiveState other than what its running flag says.
+    pub states: RefCell<HashMap<String, ActiveState>>,
 }
 
 impl FakeOps {
@@ -229,6 +233,9 @@ impl Ops for FakeOps {
     }
 
     async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError> {
+        if let Some(s) = self.states.borrow().get(unit) {
+            return Ok(s.clone());
+        }
         Ok(state(self.units.borrow().get(unit).is_some_and(|u| u.0)))
     }
 
@@ -263,6 +270,9 @@ impl Ops for FakeOps {
 
     async fn reload(&self) -> Result<(), SystemdError> {
         *self.reloads.borrow_mut() += 1;
+        if self.reload_times_out.get() {
+            return Err(SystemdError::local("Reload", "the manager", "timed out"));
+        }
         Ok(())
     }
 
