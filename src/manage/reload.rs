@@ -97,6 +97,10 @@ pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<
         g.written
     };
     reload(ops).await.map_err(ReloadError::Systemd)?;
+    // The supervisor reads the workload definitions at its start and at
+    // SIGHUP: told once per reload, it knows of every file this reload
+    // covered (a daemon not running makes the call fail: nothing to tell).
+    let _ = ops.hang_up(DAEMON_UNIT).await;
     let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
         .await
         .map_err(ReloadError::Lock)?;
@@ -105,6 +109,9 @@ pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<
     write(root, g).map_err(ReloadError::Lock)?;
     Ok(true)
 }
+
+/// The supervisor's unit, told of every reload a writer runs.
+const DAEMON_UNIT: &str = "berth-daemon.service";
 
 /// How many times a reload that outlasts a call's timeout is waited for.
 const SLOW_RELOAD_CHECKS: u32 = 12;
@@ -163,6 +170,11 @@ mod tests {
             "written after: reloads"
         );
         assert_eq!(*ops.reloads.borrow(), 2);
+        assert_eq!(
+            *ops.hung_up.borrow(),
+            [DAEMON_UNIT, DAEMON_UNIT],
+            "the daemon is told once per reload, to read the definitions again"
+        );
     }
 
     #[tokio::test]

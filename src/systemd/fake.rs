@@ -38,6 +38,8 @@ pub struct FakeOps {
     /// (unit, verb, begin, end) for every finished job.
     pub spans: RefCell<Vec<(String, &'static str, Instant, Instant)>>,
     pub killed: RefCell<Vec<String>>,
+    /// Units whose main process was sent SIGHUP.
+    pub hung_up: RefCell<Vec<String>>,
     pub cancelled: RefCell<Vec<String>>,
     verbs: RefCell<HashMap<u32, &'static str>>,
     /// Where [`Ops::watch`]'s changes come from, once watched.
@@ -190,6 +192,11 @@ impl Ops for FakeOps {
         }
         self.answer().await;
         Ok(self.queue(unit, "stop"))
+    }
+
+    async fn hang_up(&self, unit: &str) -> Result<(), SystemdError> {
+        self.hung_up.borrow_mut().push(unit.into());
+        Ok(())
     }
 
     async fn kill(&self, unit: &str) -> Result<(), SystemdError> {

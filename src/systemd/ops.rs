@@ -35,6 +35,9 @@ pub trait Ops {
     async fn stop(&self, unit: &str) -> Result<Job, SystemdError>;
     /// SIGKILL to every process of the unit.
     async fn kill(&self, unit: &str) -> Result<(), SystemdError>;
+    /// SIGHUP to the unit's main process (`systemctl kill -s HUP
+    /// --kill-whom=main`).
+    async fn hang_up(&self, unit: &str) -> Result<(), SystemdError>;
     async fn cancel(&self, unit: &str, job: &Job) -> Result<(), SystemdError>;
     /// Waits for a job to finish, up to `limit`; `None` on timeout.
     async fn wait(&self, job: &Job, limit: Option<Duration>) -> Option<JobResult>;
@@ -220,6 +223,11 @@ impl Ops for Systemd {
             .queue_job("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
             .await?;
         Ok(job(path))
+    }
+
+    async fn hang_up(&self, unit: &str) -> Result<(), SystemdError> {
+        self.bounded("KillUnit", unit, self.manager.kill_unit(unit, "main", 1))
+            .await
     }
 
     async fn kill(&self, unit: &str) -> Result<(), SystemdError> {
