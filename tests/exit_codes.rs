@@ -371,3 +371,53 @@ fn add_refuses_bad_input_before_asking_systemd() {
     );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
+
+/// Issue 11, part 2: hostile values for `berth add` (a newline in the
+/// name or a value, a huge value, an endless --from file) are refused
+/// with the key and the reason, and nothing is written.
+#[test]
+fn add_refuses_hostile_values() {
+    let root = tempfile::tempdir().unwrap();
+    // An argument cannot exceed the kernel's 128 KiB: a huge value comes
+    // in a file.
+    let huge = root.path().join("huge.toml");
+    fs::write(
+        &huge,
+        format!(
+            "exec = [\"/bin/true\"]\n[environment]\nX = \"{}\"\n",
+            "a".repeat(200 * 1024)
+        ),
+    )
+    .unwrap();
+    let huge = huge.to_str().unwrap();
+    for (args, expect) in [
+        (
+            &["add", "we\nb", "--", "/bin/true"][..],
+            "is not a valid workload name",
+        ),
+        (
+            &["add", "web", "--description", "a\nb", "--", "/bin/true"][..],
+            "web.toml: description:",
+        ),
+        (
+            &["add", "web", "--", "/bin/true", "a\nb"][..],
+            "web.toml: exec[1]:",
+        ),
+        (
+            &["add", "web", "--from", huge][..],
+            "web.toml: environment.X: is 204800 bytes long",
+        ),
+        (
+            &["add", "web", "--from", "/dev/zero"][..],
+            "/dev/zero: larger than 1 MiB",
+        ),
+    ] {
+        let o = run(berth_bin(), args, Some(root.path()));
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(expect), "{args:?}: {}", stderr(&o));
+    }
+    assert!(
+        !root.path().join("etc/berth/workloads").exists(),
+        "nothing written"
+    );
+}

@@ -137,9 +137,25 @@ fn file_from_flags(a: &AddArgs) -> Result<String, String> {
     Ok(t)
 }
 
+/// The most `--from` reads: a workload file is a few lines, and
+/// `--from /dev/zero` must end in an error, not in all of memory.
+const MAX_FROM_BYTES: u64 = 1024 * 1024;
+
+fn read_bounded(file: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)?
+        .take(MAX_FROM_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FROM_BYTES {
+        return Err(std::io::Error::other("larger than 1 MiB: not a workload file"));
+    }
+    String::from_utf8(bytes).map_err(|_| std::io::Error::other("not UTF-8 text: not a workload file"))
+}
+
 pub(super) fn add(root: &Root, a: Box<AddArgs>) -> i32 {
     let text = match &a.from {
-        Some(file) => match std::fs::read_to_string(file) {
+        Some(file) => match read_bounded(file) {
             Ok(text) => text,
             Err(e) => {
                 say_error(&format!("berth add: {}: {e}", crate::config::shown_path(file)));
