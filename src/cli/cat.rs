@@ -18,23 +18,20 @@ pub(super) fn run(root: &Root, name: &str) -> i32 {
         ));
         return 1;
     }
-    let loaded = config::load(root);
-    let Some(w) = loaded.workload(name) else {
-        let problems: Vec<String> = loaded
-            .errors
-            .iter()
-            .filter(|e| e.file.file_stem().is_some_and(|s| s == name))
-            .map(|e| format!("  {e}"))
-            .collect();
-        if problems.is_empty() {
+    let w = match config::load_one(root, name) {
+        Ok(w) => w,
+        Err(problems) if problems.is_empty() => {
             say_error(&format!("berth cat: no workload {name:?} is configured"));
-        } else {
+            return 1;
+        }
+        Err(problems) => {
+            let lines: Vec<String> = problems.iter().map(|e| format!("  {e}")).collect();
             say_error(&format!(
                 "berth cat: the workload file of {name:?} is not valid:\n{}",
-                problems.join("\n")
+                lines.join("\n")
             ));
+            return 1;
         }
-        return 1;
     };
     let file = match std::fs::read(&w.source) {
         Ok(bytes) => bytes,
@@ -43,7 +40,7 @@ pub(super) fn run(root: &Root, name: &str) -> i32 {
             return 1;
         }
     };
-    let drop_in = render::workload_drop_in(root, w);
+    let drop_in = render::workload_drop_in(root, &w);
     let loaded_path = generator_dir(root).join(format!("{}.d/10-berth.conf", unit_name(name)));
     let mut out = format!(
         "# {}\n{}",

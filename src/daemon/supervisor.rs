@@ -231,7 +231,9 @@ impl<O: Ops> Supervisor<O> {
                 observed,
                 exit_known,
             } => {
-                if let Some(name) = self.workload_at(&path) {
+                // Decoded from the path (systemd's escaping is exact): no
+                // map of 5000 paths is kept.
+                if let Some(name) = names::workload_of_path(&path) {
                     let observed = match observed {
                         Some(seen) if !exit_known && seen.active_state.is_down() => {
                             self.with_exit_cause(&name, seen).await
@@ -345,12 +347,6 @@ impl<O: Ops> Supervisor<O> {
             && (self.configured.contains(name)
                 || active.is_up()
                 || records::record_path(&self.root, name).exists())
-    }
-
-    /// The workload whose unit lives at `path`: decoded from the path
-    /// (systemd's escaping is exact), so no map of 5000 paths is kept.
-    fn workload_at(&self, path: &str) -> Option<String> {
-        names::workload_of_path(path)
     }
 
     /// Compares systemd's state of one workload with its record and records

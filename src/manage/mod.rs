@@ -144,7 +144,7 @@ pub async fn add<O: Ops>(
     let path = place.dir(root).join(format!("{name}.toml"));
     config::check_workload_text(root, name, &path, text).map_err(ChangeError::Invalid)?;
     refuse_if_stopping(ops).await?;
-    let written = reload::counted(root, || {
+    let reloaded = change_then_reload(ops, root, &path, || {
         // Checked under the lock, so that two adds of one name cannot
         // both find it free. A file of the name in a directory of lower
         // precedence (runtime, packages) is overridden, as asked.
@@ -159,12 +159,7 @@ pub async fn add<O: Ops>(
         atomic::replace(&path, &Replacement::File(text.as_bytes(), 0o644))
             .map_err(|e| ChangeError::Io(path.clone(), e))
     })
-    .await
-    .map_err(ChangeError::Reload)?;
-    let ((), generation) = written?;
-    let reloaded = reload::reload_covering(ops, root, generation)
-        .await
-        .map_err(|e| ChangeError::NotLoaded(path.clone(), e))?;
+    .await?;
     let job = if start {
         let job = ops
             .start(&unit_name(name))
@@ -220,7 +215,7 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     } else {
         None
     };
-    let removed = reload::counted(root, || {
+    let reloaded = change_then_reload(ops, root, &path, || {
         // Still the file that was found: another remove and an add of the
         // same name may have come in between, and the new file is not
         // this remove's to take.
@@ -230,13 +225,24 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
         }
         std::fs::remove_file(&path).map_err(|e| ChangeError::Io(path.clone(), e))
     })
-    .await
-    .map_err(ChangeError::Reload)?;
-    let ((), generation) = removed?;
-    let reloaded = reload::reload_covering(ops, root, generation)
-        .await
-        .map_err(|e| ChangeError::NotLoaded(path.clone(), e))?;
+    .await?;
     Ok(Done { path, reloaded, job })
+}
+
+/// `change` to the file at `path`, counted under the write lock, then a
+/// daemon-reload that covers it; true when this call ran the reload.
+async fn change_then_reload<O: Ops>(
+    ops: &O,
+    root: &Root,
+    path: &Path,
+    change: impl FnOnce() -> Result<(), ChangeError>,
+) -> Result<bool, ChangeError> {
+    let generation = reload::counted(root, change)
+        .await
+        .map_err(ChangeError::Reload)??;
+    reload::reload_covering(ops, root, generation)
+        .await
+        .map_err(|e| ChangeError::NotLoaded(path.to_path_buf(), e))
 }
 
 #[cfg(test)]

@@ -62,22 +62,21 @@ fn write(root: &Root, g: Generations) -> std::io::Result<()> {
 }
 
 /// Runs `change` (writing or removing a workload file) under the write
-/// lock and counts it; returns its result and its generation.
-pub async fn counted<T, E>(
+/// lock and counts it; returns its generation, or why it was refused.
+pub async fn counted<E>(
     root: &Root,
-    change: impl FnOnce() -> Result<T, E>,
-) -> Result<Result<(T, u64), E>, ReloadError> {
+    change: impl FnOnce() -> Result<(), E>,
+) -> Result<Result<u64, E>, ReloadError> {
     let _write = lock::config_within(root, ConfigLock::Write, LOCK_WAIT)
         .await
         .map_err(ReloadError::Lock)?;
-    let done = match change() {
-        Ok(done) => done,
-        Err(e) => return Ok(Err(e)),
-    };
+    if let Err(e) = change() {
+        return Ok(Err(e));
+    }
     let mut g = read(root);
     g.written += 1;
     write(root, g).map_err(ReloadError::Lock)?;
-    Ok(Ok((done, g.written)))
+    Ok(Ok(g.written))
 }
 
 /// Returns once a daemon-reload that began after generation `mine` was
@@ -150,8 +149,7 @@ mod tests {
         let ops = FakeOps::default();
         let mut gens = Vec::new();
         for _ in 0..3 {
-            let ((), g) = counted::<(), ()>(&root, || Ok(())).await.unwrap().unwrap();
-            gens.push(g);
+            gens.push(counted::<()>(&root, || Ok(())).await.unwrap().unwrap());
         }
         assert_eq!(gens, [1, 2, 3]);
         assert!(
@@ -164,7 +162,7 @@ mod tests {
             "3 was in place when it began"
         );
         assert_eq!(*ops.reloads.borrow(), 1);
-        let ((), g) = counted::<(), ()>(&root, || Ok(())).await.unwrap().unwrap();
+        let g = counted::<()>(&root, || Ok(())).await.unwrap().unwrap();
         assert!(
             reload_covering(&ops, &root, g).await.unwrap(),
             "written after: reloads"
@@ -181,7 +179,7 @@ mod tests {
     async fn a_refused_change_is_not_counted() {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
-        assert_eq!(counted::<(), &str>(&root, || Err("no")).await.unwrap(), Err("no"));
+        assert_eq!(counted::<&str>(&root, || Err("no")).await.unwrap(), Err("no"));
         assert_eq!(read(&root), Generations::default());
         std::fs::write(lock::config_generations_path(&root), "garbage").unwrap();
         assert_eq!(

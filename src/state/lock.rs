@@ -11,6 +11,8 @@
 //!   read and rewritten, and by a helper across the start or stop job it
 //!   records.
 //! - The daemon's single-instance lock (`locks/daemon`), holding its pid.
+//! - The configuration writers' locks (`locks/config-write`,
+//!   `locks/config-reload`), taken by `berth add` and `berth remove`.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
@@ -95,8 +97,12 @@ pub fn workload(root: &Root, name: &str) -> io::Result<File> {
 /// The workload's lock, waiting up to `limit` without blocking the
 /// runtime's thread (the drain stops other workloads meanwhile).
 pub async fn workload_within(root: &Root, name: &str, limit: Duration) -> io::Result<File> {
-    let path = workload_lock_path(root, name);
-    let file = open(&path)?;
+    take_within(&workload_lock_path(root, name), limit).await
+}
+
+/// Takes `path`'s lock, waiting up to `limit` on the runtime's clock.
+async fn take_within(path: &Path, limit: Duration) -> io::Result<File> {
+    let file = open(path)?;
     let until = tokio::time::Instant::now() + limit;
     loop {
         match file.try_lock() {
@@ -104,7 +110,7 @@ pub async fn workload_within(root: &Root, name: &str, limit: Duration) -> io::Re
             Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < until => {
                 tokio::time::sleep(RETRY).await;
             }
-            Err(fs::TryLockError::WouldBlock) => return Err(held(&path)),
+            Err(fs::TryLockError::WouldBlock) => return Err(held(path)),
             Err(fs::TryLockError::Error(e)) => return Err(e),
         }
     }
@@ -115,19 +121,7 @@ pub async fn workload_within(root: &Root, name: &str, limit: Duration) -> io::Re
 /// `locks/config-reload`, held across a daemon-reload), waiting up to
 /// `limit` without blocking the runtime's thread.
 pub async fn config_within(root: &Root, which: ConfigLock, limit: Duration) -> io::Result<File> {
-    let path = locks_dir(root).join(which.file_name());
-    let file = open(&path)?;
-    let until = tokio::time::Instant::now() + limit;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < until => {
-                tokio::time::sleep(RETRY).await;
-            }
-            Err(fs::TryLockError::WouldBlock) => return Err(held(&path)),
-            Err(fs::TryLockError::Error(e)) => return Err(e),
-        }
-    }
+    take_within(&locks_dir(root).join(which.file_name()), limit).await
 }
 
 /// Which of the configuration writers' locks.
