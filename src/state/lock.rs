@@ -221,6 +221,34 @@ mod tests {
         assert_eq!(mode(&locks_dir(&root).join("daemon")), 0o600);
     }
 
+    /// A read-only `berth` group member can neither hold the writers'
+    /// locks (and so stall every `berth add`) nor touch their counts.
+    #[tokio::test]
+    async fn the_configuration_writers_locks_are_private_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        fs::create_dir_all(locks_dir(&root)).unwrap();
+        fs::set_permissions(locks_dir(&root), fs::Permissions::from_mode(0o775)).unwrap();
+        let _write = config_within(&root, ConfigLock::Write, Duration::ZERO)
+            .await
+            .unwrap();
+        let _reload = config_within(&root, ConfigLock::Reload, Duration::ZERO)
+            .await
+            .unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&locks_dir(&root)), 0o700);
+        assert_eq!(mode(&locks_dir(&root).join("config-write")), 0o600);
+        assert_eq!(mode(&locks_dir(&root).join("config-reload")), 0o600);
+        let e = config_within(&root, ConfigLock::Write, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.kind(),
+            io::ErrorKind::WouldBlock,
+            "held: refused within its bound"
+        );
+    }
+
     #[tokio::test]
     async fn the_async_wait_is_bounded() {
         let dir = tempfile::tempdir().unwrap();
