@@ -15,7 +15,6 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::config::{Loaded, Workload};
 use crate::events::Events;
-use crate::names::instance_of;
 use crate::paths::Root;
 use crate::plan;
 use crate::state::atomic;
@@ -55,11 +54,12 @@ pub async fn run<O: Ops>(
     node_frozen: Option<String>,
     events: &Events,
 ) -> Result<Summary, SystemdError> {
-    let live = ops.list_workloads().await?;
+    let units = loaded.workload_units();
+    let live = ops.list_workloads(&units.existing_units()).await?;
     let running: BTreeSet<String> = live
         .iter()
         .filter(|u| u.is_running())
-        .filter_map(|u| instance_of(&u.name).map(str::to_string))
+        .filter_map(|u| units.workload_of(&u.name).map(str::to_string))
         .collect();
     let mut summary = Summary {
         node_frozen: node_frozen.clone(),

@@ -42,6 +42,22 @@ impl UnitTopology {
             .chain(propagated)
     }
 
+    /// ` (FILE)`: where a unit that is not one of berth's own comes from,
+    /// the file to look at (a generator's source, such as a quadlet's
+    /// `.container`, before the unit it made).
+    fn declared_in(&self, unit: &str) -> String {
+        if crate::names::instance_of(unit).is_some() || crate::names::PACKAGED_UNITS.contains(&unit) {
+            return String::new();
+        }
+        match [&self.source_path, &self.fragment_path]
+            .into_iter()
+            .find(|p| !p.is_empty())
+        {
+            Some(file) => format!(" ({file})"),
+            None => String::new(),
+        }
+    }
+
     /// The drop-ins that are not berth's own generated ones: where an
     /// admin's change would come from.
     fn where_from(&self) -> String {
@@ -70,29 +86,78 @@ fn stopped_at_shutdown(
         return None;
     }
     let u = units.get(unit)?;
+    let at = u.declared_in(unit);
     if let Some(c) = u.conflicts.iter().find(|c| SHUTDOWN_UNITS.contains(&c.as_str())) {
-        return Some(format!("{unit} has Conflicts={c}"));
+        return Some(format!("{unit}{at} has Conflicts={c}"));
     }
     if let Some(c) = u
         .conflicted_by
         .iter()
         .find(|c| SHUTDOWN_UNITS.contains(&c.as_str()))
     {
-        return Some(format!("{c} has Conflicts={unit}"));
+        return Some(format!("{c} has Conflicts={unit}{at}"));
     }
     for (kind, dep) in u.stop_sources() {
         if let Some(why) = stopped_at_shutdown(dep, units, seen) {
-            return Some(format!("{unit} has {kind}={dep}, and {why}"));
+            return Some(format!("{unit}{at} has {kind}={dep}, and {why}"));
         }
     }
     None
 }
 
 /// What the configuration says the loaded units should have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expected {
     /// The drain's `TimeoutStopSec=`: the deadline plus the exit margin.
     pub drain_timeout_stop_s: u64,
+    /// Per workload unit that stops gracefully: the stop delay the drain
+    /// gives it, which the unit's own stop must not cut short.
+    pub stop_delay_s: BTreeMap<String, u64>,
+}
+
+/// How long podman lets a container stop before it kills it, when the
+/// unit's `ExecStop=` is `podman stop` or `podman rm -f` (a quadlet's is
+/// the latter): that command's `-t`/`--time`, else the container's own
+/// `--stop-timeout` from the `podman run` of `ExecStart=`, else podman's
+/// default of 10 s. None when no podman stops the unit.
+pub fn podman_stop_window(exec_stop: &[Vec<String>], exec_start: &[Vec<String>]) -> Option<(u64, String)> {
+    let is_podman = |argv: &Vec<String>| {
+        argv.first()
+            .is_some_and(|p| p.rsplit('/').next() == Some("podman"))
+    };
+    let flag = |argv: &[String], names: &[&str]| -> Option<u64> {
+        let mut words = argv.iter();
+        while let Some(w) = words.next() {
+            for n in names {
+                if w == n {
+                    return words.next().and_then(|v| v.parse().ok());
+                }
+                if let Some(v) = w.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                    return v.parse().ok();
+                }
+            }
+        }
+        None
+    };
+    let stop = exec_stop
+        .iter()
+        .find(|argv| is_podman(argv) && argv.iter().skip(1).any(|w| w == "stop" || w == "rm"))?;
+    if let Some(t) = flag(stop, &["-t", "--time", "--timeout"]) {
+        return Some((t, format!("its ExecStop `{}`", stop.join(" "))));
+    }
+    let run = exec_start
+        .iter()
+        .find(|argv| is_podman(argv) && argv.iter().skip(1).any(|w| w == "run"));
+    match run.and_then(|argv| flag(argv, &["--stop-timeout"])) {
+        Some(t) => Some((
+            t,
+            "the container's --stop-timeout (quadlet: StopTimeout=)".to_string(),
+        )),
+        None => Some((
+            10,
+            "podman's default stop timeout; the container sets none (quadlet: StopTimeout=)".to_string(),
+        )),
+    }
 }
 
 /// Every broken invariant among the loaded units: the drain, the slice and
@@ -101,7 +166,7 @@ pub struct Expected {
 pub fn problems(
     workloads: &[String],
     units: &BTreeMap<String, UnitTopology>,
-    expected: Expected,
+    expected: &Expected,
 ) -> Vec<String> {
     let mut out = Vec::new();
     match units.get(DRAIN) {
@@ -162,7 +227,11 @@ pub fn problems(
                     d.active_state
                 ));
             }
-            if let Some(w) = d.after.iter().find(|a| a.starts_with("berth@")) {
+            if let Some(w) = d
+                .after
+                .iter()
+                .find(|a| a.starts_with("berth@") || workloads.contains(a))
+            {
                 out.push(format!(
                     "{DRAIN} is After={w}{from}: at shutdown {w} would be stopped first, by the transaction, not the drain"
                 ));
@@ -221,8 +290,64 @@ pub fn problems(
                 "{name} is not After={DRAIN}{from}: it could start before the drain is armed"
             ));
         }
+        let starters: Vec<&str> = w
+            .wanted_by
+            .iter()
+            .map(String::as_str)
+            .filter(|u| crate::names::instance_of(u).is_none() && !workloads.iter().any(|w| w == u))
+            .collect();
+        if !starters.is_empty() {
+            out.push(format!(
+                "{name}{} is wanted by {}: systemd starts it at boot outside berth's order, frozen or not; \
+                 disable it (systemctl disable {name}; a quadlet: no [Install] in its .container) and let \
+                 berth's autostart start it",
+                w.declared_in(name),
+                starters.join(", ")
+            ));
+        }
+        if let Some(&delay) = expected.stop_delay_s.get(name) {
+            if w.timeout_stop_us < delay.saturating_mul(1_000_000) {
+                out.push(format!(
+                    "{name} has TimeoutStopSec={} s{from}, under its stop_delay_s of {delay} s: systemd would \
+                     kill it before the drain's graceful window ends",
+                    w.timeout_stop_us / 1_000_000
+                ));
+            }
+            if let Some((window, why)) = podman_stop_window(&w.exec_stop, &w.exec_start)
+                && window < delay
+            {
+                out.push(format!(
+                    "{name}{} gives its container {window} s to stop ({why}) before podman kills it, under \
+                     its stop_delay_s of {delay} s: set StopTimeout={delay} in the .container (podman run \
+                     --stop-timeout={delay})",
+                    w.declared_in(name)
+                ));
+            }
+        }
     }
     out
+}
+
+/// What is worth knowing but breaks no invariant: a workload still
+/// running where it ran before its drop-in said `Slice=berth.slice`
+/// (systemd moves a running unit's processes only at its next start).
+pub fn notes(workloads: &[String], units: &BTreeMap<String, UnitTopology>) -> Vec<String> {
+    workloads
+        .iter()
+        .filter_map(|name| {
+            let w = units.get(name)?;
+            let moved = w.slice == "berth.slice"
+                && !w.control_group.is_empty()
+                && !w.control_group.contains("/berth.slice/");
+            moved.then(|| {
+                format!(
+                    "{name} still runs in {}: Slice=berth.slice applies from its next start (systemctl \
+                     restart {name} when convenient); the drain stops it all the same",
+                    w.control_group
+                )
+            })
+        })
+        .collect()
 }
 
 /// Reads the berth units and, transitively, what they depend on.
@@ -231,7 +356,12 @@ pub async fn gather<O: Ops>(
     configured: &[String],
 ) -> Result<(Vec<String>, BTreeMap<String, UnitTopology>), SystemdError> {
     let mut workloads: BTreeSet<String> = configured.iter().cloned().collect();
-    for u in sd.list_workloads().await? {
+    let existing: Vec<String> = configured
+        .iter()
+        .filter(|u| crate::names::instance_of(u).is_none())
+        .cloned()
+        .collect();
+    for u in sd.list_workloads(&existing).await? {
         if !u.name.ends_with("@.service") {
             workloads.insert(u.name);
         }
@@ -271,9 +401,12 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    const EXPECTED: Expected = Expected {
-        drain_timeout_stop_s: 210,
-    };
+    fn expected() -> Expected {
+        Expected {
+            drain_timeout_stop_s: 210,
+            ..Default::default()
+        }
+    }
 
     /// The units as the packaged files and the generator make them.
     fn healthy() -> BTreeMap<String, UnitTopology> {
@@ -328,7 +461,7 @@ mod tests {
     #[test]
     fn the_packaged_topology_has_no_problem() {
         assert_eq!(
-            problems(&s(&["berth@a.service"]), &healthy(), EXPECTED),
+            problems(&s(&["berth@a.service"]), &healthy(), &expected()),
             Vec::<String>::new()
         );
     }
@@ -358,7 +491,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED);
+        let p = problems(&s(&["berth@a.service"]), &m, &expected());
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("Requires=db.service, and db.service has BindsTo=x.mount, and x.mount has Conflicts=umount.target"), "{p:?}");
         assert!(
@@ -389,7 +522,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED);
+        let p = problems(&s(&["berth@a.service"]), &m, &expected());
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(
             p[0].contains("has StopPropagatedFrom=db.service, and db.service has Requisite=y.mount, and umount.target has Conflicts=y.mount"),
@@ -405,7 +538,7 @@ mod tests {
         d.active_state = ActiveState::Inactive;
         m.get_mut("berth.slice").unwrap().refuse_manual_stop = false;
         m.get_mut("berth@a.service").unwrap().ignore_on_isolate = false;
-        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED).join("\n");
+        let p = problems(&s(&["berth@a.service"]), &m, &expected()).join("\n");
         for needle in [
             "TimeoutStopSec=90 s",
             "is inactive while 1 workload(s) run",
@@ -424,7 +557,7 @@ mod tests {
         d.refuse_manual_stop = false;
         d.part_of = s(&["berth.target"]);
         d.after.push("berth@a.service".into());
-        let p = problems(&[], &m, EXPECTED).join("\n");
+        let p = problems(&[], &m, &expected()).join("\n");
         for needle in [
             "no ExecStop",
             "RefuseManualStop",
@@ -434,7 +567,110 @@ mod tests {
             assert!(p.contains(needle), "{needle}: {p}");
         }
         m.get_mut(DRAIN).unwrap().load_state = LoadState::NotFound;
-        assert!(problems(&[], &m, EXPECTED)[0].contains("not-found"));
+        assert!(problems(&[], &m, &expected())[0].contains("not-found"));
+    }
+
+    /// What podman gives a container before it kills it, from the unit's
+    /// own command lines: each case carries its answer.
+    #[test]
+    fn podman_stop_windows() {
+        let quadlet_stop = vec![s(&[
+            "/usr/bin/podman",
+            "rm",
+            "-v",
+            "-f",
+            "-i",
+            "--cidfile=/run/x.cid",
+        ])];
+        for (stop, start, window) in [
+            (
+                quadlet_stop.clone(),
+                vec![s(&["/usr/bin/podman", "run", "--name=x", "img"])],
+                Some(10),
+            ),
+            (
+                quadlet_stop.clone(),
+                vec![s(&["/usr/bin/podman", "run", "--stop-timeout=90", "img"])],
+                Some(90),
+            ),
+            (
+                quadlet_stop,
+                vec![s(&["/usr/bin/podman", "run", "--stop-timeout", "45", "img"])],
+                Some(45),
+            ),
+            (
+                vec![s(&["podman", "stop", "-t", "120", "x"])],
+                vec![s(&["podman", "run", "--stop-timeout=5", "img"])],
+                Some(120),
+            ),
+            (
+                vec![s(&["/usr/bin/podman", "stop", "--time=30", "x"])],
+                vec![],
+                Some(30),
+            ),
+            (vec![s(&["/bin/kill", "-TERM", "$MAINPID"])], vec![], None),
+            (vec![], vec![s(&["/usr/bin/podman", "run", "img"])], None),
+        ] {
+            assert_eq!(
+                podman_stop_window(&stop, &start).map(|w| w.0),
+                window,
+                "{stop:?} {start:?}"
+            );
+        }
+    }
+
+    /// An existing unit (`unit =`) that something else starts at boot, a
+    /// podman stop shorter than its stop delay, an admin's short
+    /// TimeoutStopSec, and a chain through a unit of its own file.
+    #[test]
+    fn an_existing_unit_is_judged_like_a_workload_and_names_its_files() {
+        let mut m = healthy();
+        let mut pg = m["berth@a.service"].clone();
+        pg.fragment_path = "/etc/systemd/system/pg.service".into();
+        pg.wanted_by = s(&["multi-user.target", "berth@web.service"]);
+        pg.exec_stop = vec![s(&["/usr/bin/podman", "rm", "-f", "--cidfile=/run/pg.cid"])];
+        pg.timeout_stop_us = 20_000_000;
+        pg.part_of = s(&["pg-all.service"]);
+        m.insert("pg.service".into(), pg);
+        m.insert(
+            "pg-all.service".into(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
+                fragment_path: "/usr/lib/systemd/system/pg-all.service".into(),
+                conflicts: s(&["shutdown.target"]),
+                ..Default::default()
+            },
+        );
+        let mut e = expected();
+        e.stop_delay_s.insert("pg.service".into(), 60);
+        let p = problems(&s(&["pg.service"]), &m, &e);
+        for needle in [
+            "pg.service is stopped by the shutdown transaction itself (pg.service (/etc/systemd/system/pg.service) \
+             has PartOf=pg-all.service, and pg-all.service (/usr/lib/systemd/system/pg-all.service) has \
+             Conflicts=shutdown.target)",
+            "pg.service (/etc/systemd/system/pg.service) is wanted by multi-user.target: systemd starts it at boot",
+            "pg.service has TimeoutStopSec=20 s, under its stop_delay_s of 60 s",
+            "pg.service (/etc/systemd/system/pg.service) gives its container 10 s to stop (podman's default stop \
+             timeout; the container sets none (quadlet: StopTimeout=)) before podman kills it, under its \
+             stop_delay_s of 60 s: set StopTimeout=60",
+        ] {
+            assert!(p.iter().any(|l| l.contains(needle)), "{needle}\n{p:#?}");
+        }
+        // PartOf= itself, too.
+        assert_eq!(p.len(), 5, "{p:#?}");
+    }
+
+    #[test]
+    fn a_running_unit_not_yet_moved_to_its_slice_is_a_note() {
+        let mut m = healthy();
+        m.get_mut("berth@a.service").unwrap().control_group = "/system.slice/berth@a.service".into();
+        let units = s(&["berth@a.service"]);
+        assert_eq!(problems(&units, &m, &expected()), Vec::<String>::new());
+        let n = notes(&units, &m);
+        assert_eq!(n.len(), 1);
+        assert!(n[0].starts_with("berth@a.service still runs in /system.slice/berth@a.service: Slice=berth.slice applies from its next start"), "{n:?}");
+        m.get_mut("berth@a.service").unwrap().control_group = "/berth.slice/berth@a.service".into();
+        assert!(notes(&units, &m).is_empty());
     }
 
     #[test]
@@ -444,7 +680,7 @@ mod tests {
         w.slice = "system-berth.slice".into();
         w.part_of = s(&["berth.target"]);
         w.after.clear();
-        let p = problems(&s(&["berth@a.service"]), &m, EXPECTED).join("\n");
+        let p = problems(&s(&["berth@a.service"]), &m, &expected()).join("\n");
         for needle in [
             "system-berth.slice",
             "PartOf=berth.target",

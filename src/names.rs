@@ -108,6 +108,67 @@ pub fn instance_of(unit: &str) -> Option<&str> {
         .filter(|n| !n.is_empty())
 }
 
+/// Which unit each workload is, both ways: `berth@NAME.service` for a
+/// workload berth runs itself, the named unit for one that puts an
+/// existing unit under berth's rules (`unit = "…"`). Only the latter are
+/// held (a handful), so a daemon following 5000 workloads keeps no map of
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadUnits {
+    /// unit → workload, for `unit =` workloads.
+    by_unit: std::collections::BTreeMap<String, String>,
+    /// workload → unit, the same pairs.
+    by_name: std::collections::BTreeMap<String, String>,
+    /// object path → workload, the same units.
+    by_path: std::collections::BTreeMap<String, String>,
+}
+
+impl WorkloadUnits {
+    /// From (workload, unit) pairs of the `unit =` workloads.
+    pub fn new<'a>(existing: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut map = WorkloadUnits::default();
+        for (name, unit) in existing {
+            map.by_unit.insert(unit.to_string(), name.to_string());
+            map.by_name.insert(name.to_string(), unit.to_string());
+            map.by_path.insert(unit_object_path(unit), name.to_string());
+        }
+        map
+    }
+
+    /// The unit workload `name` runs as.
+    pub fn unit_of(&self, name: &str) -> String {
+        self.by_name.get(name).cloned().unwrap_or_else(|| unit_name(name))
+    }
+
+    /// The workload `unit` is, if any. A `berth@` instance is one whatever
+    /// its name (a unit loaded by hand may carry one berth would refuse).
+    pub fn workload_of<'a>(&'a self, unit: &'a str) -> Option<&'a str> {
+        match self.by_unit.get(unit) {
+            Some(name) => Some(name),
+            None => instance_of(unit),
+        }
+    }
+
+    /// The workload whose unit systemd keeps at `path`.
+    pub fn workload_of_path(&self, path: &str) -> Option<String> {
+        match self.by_path.get(path) {
+            Some(name) => Some(name.clone()),
+            None => workload_of_path(path),
+        }
+    }
+
+    /// The object paths of the `unit =` workloads: signals of these are
+    /// berth's too, beside everything under [`WORKLOAD_PATH_PREFIX`].
+    pub fn existing_paths(&self) -> impl Iterator<Item = &String> {
+        self.by_path.keys()
+    }
+
+    /// The `unit =` workloads' units: listed beside [`WORKLOAD_PATTERN`].
+    pub fn existing_units(&self) -> Vec<String> {
+        self.by_unit.keys().cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +229,32 @@ mod tests {
             assert!(path.starts_with(WORKLOAD_PATH_PREFIX));
             assert_eq!(workload_of_path(&path).as_deref(), Some(name));
         }
+    }
+
+    #[test]
+    fn existing_units_map_both_ways_and_templates_still_decode() {
+        let map = WorkloadUnits::new([("pg", "postgresql@15-main.service")]);
+        assert_eq!(map.unit_of("pg"), "postgresql@15-main.service");
+        assert_eq!(map.unit_of("web"), "berth@web.service");
+        assert_eq!(map.workload_of("postgresql@15-main.service"), Some("pg"));
+        assert_eq!(map.workload_of("berth@web.service"), Some("web"));
+        assert_eq!(map.workload_of("postgresql.service"), None);
+        let path = unit_object_path("postgresql@15-main.service");
+        assert_eq!(
+            path,
+            "/org/freedesktop/systemd1/unit/postgresql_4015_2dmain_2eservice"
+        );
+        assert_eq!(map.workload_of_path(&path).as_deref(), Some("pg"));
+        assert_eq!(
+            map.workload_of_path(&unit_object_path("berth@web.service"))
+                .as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            map.workload_of_path(&unit_object_path("postgresql.service")),
+            None
+        );
+        assert_eq!(map.existing_units(), ["postgresql@15-main.service"]);
     }
 
     #[test]

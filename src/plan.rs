@@ -123,9 +123,10 @@ pub fn drain_groups(workloads: &[Workload]) -> Vec<Vec<&Workload>> {
 pub fn drain_after(host: &HostSettings, workloads: &[Workload]) -> Vec<String> {
     let mut units: BTreeSet<&str> = DRAIN_BASE_AFTER.iter().copied().collect();
     units.extend(host.drain_after.iter().map(String::as_str));
+    let existing: BTreeSet<&str> = workloads.iter().filter_map(Workload::existing_unit).collect();
     for w in workloads {
         for u in w.after.iter().chain(&w.wants) {
-            if !u.starts_with("berth@") {
+            if !u.starts_with("berth@") && !existing.contains(u.as_str()) {
                 units.insert(u);
             }
         }
@@ -233,13 +234,18 @@ mod tests {
     fn drain_is_never_after_a_workload() {
         let mut a = w("a", 0, 60);
         a.after = vec!["berth@b.service".into(), "network-online.target".into()];
-        a.wants = vec!["libvirtd.service".into()];
+        a.wants = vec!["libvirtd.service".into(), "pg.service".into()];
+        // pg.service is a workload too (`unit =`): the drain stops it.
+        let mut pg = w("pg", 0, 60);
+        pg.kind = WorkloadKind::Existing {
+            unit: "pg.service".into(),
+        };
         let host = HostSettings {
             drain_after: vec!["iscsid.service".into()],
             ..Default::default()
         };
         assert_eq!(
-            drain_after(&host, &[a]),
+            drain_after(&host, &[a, pg]),
             [
                 "iscsid.service",
                 "libvirtd.service",

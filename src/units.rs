@@ -22,6 +22,16 @@ pub const TEMPLATES: [(&str, &str); 6] = [
     (TEMPLATE, include_str!("../units/berth@.service.in")),
 ];
 
+/// What every berth unit, and every existing unit berth takes over, wants
+/// and is ordered after in place of the default dependencies it drops.
+pub fn base_targets(manager: Manager) -> &'static str {
+    match manager {
+        Manager::System => "sysinit.target basic.target",
+        // A user manager has no sysinit.target.
+        Manager::User => "basic.target",
+    }
+}
+
 /// The unit texts for `manager`, with the `berth` binary in `bindir`.
 pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
     let program = bindir.join("berth").to_string_lossy().into_owned();
@@ -37,7 +47,7 @@ pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
         Manager::System => (
             berth,
             STATE_DIR,
-            "sysinit.target basic.target",
+            base_targets(Manager::System),
             "multi-user.target",
         ),
         // A user manager has no sysinit.target; %h is resolved by the user
@@ -45,7 +55,7 @@ pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
         Manager::User => (
             format!("{berth} --user"),
             "%h/.local/state/berth",
-            "basic.target",
+            base_targets(Manager::User),
             "default.target",
         ),
     };

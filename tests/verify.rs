@@ -80,8 +80,20 @@ fn verify_tree(generated: &Path, units: &Path) -> Result<(), String> {
             stub(root, &program);
         }
         if let Some(unit) = path.strip_suffix(".d/10-berth.conf")
-            && unit.starts_with("berth@")
+            && unit.ends_with(".service")
+            && !unit.starts_with("berth-")
         {
+            if !unit.starts_with("berth@") {
+                // An existing unit (`unit =`): a plain service of that
+                // name (its template, for an instance) for the drop-in.
+                let file = match unit.split_once('@') {
+                    Some((prefix, _)) => format!("{prefix}@.service"),
+                    None => unit.to_string(),
+                };
+                let dir = root.join("etc/systemd/system");
+                fs::create_dir_all(&dir).unwrap();
+                fs::write(dir.join(file), "[Service]\nExecStart=/bin/true\n").unwrap();
+            }
             names.push(unit.to_string());
         }
     }

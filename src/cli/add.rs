@@ -1,4 +1,5 @@
-//! `berth add NAME [flags] -- ARGV…` / `berth add NAME --from FILE`, and
+//! `berth add NAME [flags] -- ARGV…` / `berth add NAME --unit UNIT
+//! [flags]` / `berth add NAME --from FILE`, and
 //! `berth remove NAME [--stop]`: the user interface; the mechanism is
 //! [`crate::manage`].
 
@@ -20,8 +21,11 @@ pub(super) struct AddArgs {
     #[arg(long)]
     now: bool,
     /// Take the whole workload file from FILE instead of the flags.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["exec", "description", "order", "no_autostart", "start_delay", "stop_action", "stop_delay", "ready", "ready_exec", "after", "wants", "env", "run_as", "run_as_group"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["exec", "unit", "description", "order", "no_autostart", "start_delay", "stop_action", "stop_delay", "ready", "ready_exec", "after", "wants", "env", "run_as", "run_as_group"])]
     from: Option<PathBuf>,
+    /// Take over an existing service unit instead of running a command.
+    #[arg(long, value_name = "UNIT", conflicts_with = "exec")]
+    unit: Option<String>,
     #[arg(long)]
     description: Option<String>,
     #[arg(long, allow_negative_numbers = true)]
@@ -84,10 +88,17 @@ fn toml_list(items: &[String]) -> String {
 /// The workload file the flags describe. Values are written as given and
 /// checked afterwards by the same rules as any file.
 fn file_from_flags(a: &AddArgs) -> Result<String, String> {
-    if a.exec.is_empty() {
-        return Err("the command to run goes after `--` (or give the whole file with --from FILE)".into());
-    }
-    let mut t = format!("exec = {}\n", toml_list(&a.exec));
+    let mut t = match &a.unit {
+        Some(unit) => format!("unit = {}\n", toml_string(unit)),
+        None if a.exec.is_empty() => {
+            return Err(
+                "the command to run goes after `--` (or name an existing unit with --unit UNIT, or give the whole \
+                 file with --from FILE)"
+                    .into(),
+            );
+        }
+        None => format!("exec = {}\n", toml_list(&a.exec)),
+    };
     let mut line = |key: &str, value: String| t.push_str(&format!("{key} = {value}\n"));
     if let Some(d) = &a.description {
         line("description", toml_string(d));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{say, say_error};
 use crate::config::{self, shown_path};
-use crate::names::{is_valid_workload_name, unit_name};
+use crate::names::is_valid_workload_name;
 use crate::paths::{Manager, Root};
 use crate::render;
 
@@ -41,7 +41,7 @@ pub(super) fn run(root: &Root, name: &str) -> i32 {
         }
     };
     let drop_in = render::workload_drop_in(root, &w);
-    let loaded_path = generator_dir(root).join(format!("{}.d/10-berth.conf", unit_name(name)));
+    let loaded_path = generator_dir(root).join(format!("{}.d/10-berth.conf", w.unit_name()));
     let mut out = format!(
         "# {}\n{}",
         shown_path(&w.source),

@@ -100,11 +100,20 @@ fn check_live(root: &Root) -> i32 {
     };
     let expected = live::Expected {
         drain_timeout_stop_s: plan::drain_timeout_stop_s(loaded.host.drain_deadline_s),
+        stop_delay_s: loaded
+            .workloads
+            .iter()
+            .filter(|w| w.stop_action == config::StopAction::GuestShutdown)
+            .map(|w| (w.unit_name(), w.stop_delay_s))
+            .collect(),
     };
-    let problems = live::problems(&workloads, &units, expected);
+    let problems = live::problems(&workloads, &units, &expected);
     let mut out = String::new();
     for p in &problems {
         out.push_str(&format!("live: problem: {p}\n"));
+    }
+    for n in live::notes(&workloads, &units) {
+        out.push_str(&format!("live: note: {n}\n"));
     }
     if problems.is_empty() {
         out.push_str(&format!(
@@ -191,7 +200,10 @@ pub fn check_report(loaded: &Loaded) -> String {
     for group in plan::start_groups(&loaded.workloads) {
         out.push_str(&format!("order {}:\n", group[0].order));
         for w in group {
-            let WorkloadKind::Command { exec, .. } = &w.kind;
+            let runs = match &w.kind {
+                WorkloadKind::Command { exec, .. } => exec[0].as_str(),
+                WorkloadKind::Existing { .. } => "an existing unit, its own command",
+            };
             let stop = match w.stop_action {
                 config::StopAction::PowerOff => "power_off".to_string(),
                 config::StopAction::GuestShutdown => format!(
@@ -223,7 +235,7 @@ pub fn check_report(loaded: &Loaded) -> String {
                 } else {
                     String::new()
                 },
-                exec[0],
+                runs,
                 stop,
             ));
         }

@@ -51,7 +51,9 @@ pub(super) fn dry_run(root: &Root, json: bool) -> i32 {
     let loaded = config::load(root);
     let live = block_on(async {
         let sd = Systemd::connect(root.manager()).await.ok()?;
-        sd.list_workloads().await.ok()
+        sd.list_workloads(&loaded.workload_units().existing_units())
+            .await
+            .ok()
     })
     .ok()
     .flatten();
@@ -80,8 +82,8 @@ fn report_text(report: &Report) -> String {
     );
     for w in &report.workloads {
         out.push_str(&format!(
-            "  berth@{}.service: {}{} after {} ms{}\n",
-            w.workload,
+            "  {}: {}{} after {} ms{}\n",
+            w.unit_name(),
             w.outcome.as_str(),
             w.code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default(),
             w.elapsed_ms,
@@ -135,4 +137,32 @@ fn dry_run_text(plan: &DryRun) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `unit =` workload's own unit is shown, and a report written
+    /// before reports named units still reads as `berth@NAME.service`.
+    #[test]
+    fn the_last_report_names_each_workloads_unit() {
+        let report: Report = serde_json::from_str(
+            r#"{"started_at": "a", "finished_at": "b", "elapsed_ms": 1, "deadline_s": 180,
+                "parallelism": 4, "deadline_reached": false, "workloads": [
+                {"workload": "cache", "unit": "example-cache.service", "outcome": "GracefulOff",
+                 "started_ms": 0, "elapsed_ms": 1005},
+                {"workload": "db", "outcome": "GracefulOff", "started_ms": 0, "elapsed_ms": 7}]}"#,
+        )
+        .unwrap();
+        let text = report_text(&report);
+        assert!(
+            text.contains("  example-cache.service: GracefulOff after 1005 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  berth@db.service: GracefulOff after 7 ms\n"),
+            "{text}"
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //! workload's freeze flag.
 
 use super::{say, say_error};
+use crate::config;
 use crate::names::{is_valid_workload_name, unit_name};
 use crate::paths::Root;
 use crate::state::freeze;
@@ -33,7 +34,9 @@ fn freeze_cmd(root: &Root, name: Option<&str>, reason: Option<&str>) -> i32 {
         say_error(&format!("berth: {n:?} is not a valid workload name"));
         return 2;
     }
-    let what = name.map(unit_name).unwrap_or_else(|| "the node".into());
+    let what = name
+        .map(|n| config::load_workload(root, n).map_or_else(|| unit_name(n), |w| w.unit_name()))
+        .unwrap_or_else(|| "the node".into());
     match reason {
         Some(reason) => match freeze::freeze(root, name, reason) {
             Ok(f) => {

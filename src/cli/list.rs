@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{say, say_error, with_systemd};
 use crate::config::{self, Loaded};
-use crate::names::{instance_of, unit_name};
+use crate::names::WorkloadUnits;
 use crate::paths::Root;
 use crate::state::records::{self, Record};
 use crate::systemd::{ActiveState, Ops, UnitDetails};
@@ -19,10 +19,10 @@ const READS_IN_FLIGHT: usize = 64;
 
 /// Every loaded `berth@*.service` with its details, by workload name, or
 /// None when systemd cannot be asked.
-async fn live_workloads<O: Ops>(sd: &O) -> Option<HashMap<String, UnitDetails>> {
-    let units = sd.list_workloads().await.ok()?;
+async fn live_workloads<O: Ops>(sd: &O, map: &WorkloadUnits) -> Option<HashMap<String, UnitDetails>> {
+    let units = sd.list_workloads(&map.existing_units()).await.ok()?;
     let reads = units.into_iter().filter_map(|u| {
-        let name = instance_of(&u.name)?.to_string();
+        let name = map.workload_of(&u.name)?.to_string();
         Some(async move { sd.details(&u.name).await.ok().map(|d| (name, d)) })
     });
     Some(
@@ -36,7 +36,9 @@ async fn live_workloads<O: Ops>(sd: &O) -> Option<HashMap<String, UnitDetails>> 
 
 pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     let loaded = config::load(root);
-    let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd).await) })
+    let map = loaded.workload_units();
+    let listing = map.clone();
+    let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd, &listing).await) })
         .ok()
         .flatten();
     // Sets and maps, not searches of lists: those were quadratic.
@@ -62,7 +64,7 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
         };
         rows.push(json!({
             "name": name,
-            "unit": unit_name(name),
+            "unit": map.unit_of(name),
             "configured": loaded.workload(name).is_some(),
             "active_state": active_state,
             "main_pid": details.map(|d| d.main_pid),

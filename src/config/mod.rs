@@ -112,6 +112,15 @@ impl Loaded {
         self.errors.is_empty()
     }
 
+    /// Which unit each workload is, both ways.
+    pub fn workload_units(&self) -> crate::names::WorkloadUnits {
+        crate::names::WorkloadUnits::new(
+            self.workloads
+                .iter()
+                .filter_map(|w| w.existing_unit().map(|u| (w.name.as_str(), u))),
+        )
+    }
+
     /// By name: `workloads` is sorted by name (the daemon asks once per
     /// listed unit per pass).
     pub fn workload(&self, name: &str) -> Option<&Workload> {
@@ -146,6 +155,7 @@ fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
     }
     // Found in file-name order ("a-b.toml" before "a.toml"); by name here.
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
+    errors.extend(refuse_shared_units(&mut workloads, &host));
 
     Loaded {
         host,
@@ -155,6 +165,49 @@ fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
         masked: found.masked,
         errors,
     }
+}
+
+/// Rules across files for `unit =` workloads: one workload per unit (the
+/// first by name keeps it), and none that the host's `drain_after` names
+/// (the drain would wait for a unit it stops itself). The refused are
+/// taken out, each with an error naming its file.
+fn refuse_shared_units(workloads: &mut Vec<Workload>, host: &HostSettings) -> Vec<ConfigError> {
+    let mut owners: std::collections::BTreeMap<&str, &Workload> = Default::default();
+    let mut refused = std::collections::BTreeSet::new();
+    let mut errors = Vec::new();
+    for w in workloads.iter() {
+        let Some(unit) = w.existing_unit() else { continue };
+        match shared_unit(w, host, owners.get(unit).copied()) {
+            Some(e) => {
+                errors.push(e);
+                refused.insert(w.name.clone());
+            }
+            None => {
+                owners.insert(unit, w);
+            }
+        }
+    }
+    workloads.retain(|w| !refused.contains(&w.name));
+    errors
+}
+
+/// Why `w` may not take its `unit =` when `owner` already holds it.
+fn shared_unit(w: &Workload, host: &HostSettings, owner: Option<&Workload>) -> Option<ConfigError> {
+    let unit = w.existing_unit()?;
+    let why = if host.drain_after.iter().any(|u| u == unit) {
+        format!(
+            "{unit} is in the host's drain_after, so the drain waits for it; it cannot also be a \
+             workload the drain stops (take it out of drain_after)"
+        )
+    } else {
+        let owner = owner?;
+        format!(
+            "{unit} is already the unit of workload {} ({}); one workload per unit",
+            owner.name,
+            shown_path(&owner.source)
+        )
+    };
+    Some(ConfigError::key(&w.source, "unit", why))
 }
 
 /// One workload's current definition, reading only its file and the host
@@ -190,7 +243,20 @@ pub fn check_workload_text(
     }
     let host = source::discover_host(root);
     let (host, _) = host::load(&host.host_files, &HostSettings::defaults_for(root));
-    workload::load_text(name, path, text, &host)
+    let w = workload::load_text(name, path, text, &host)?;
+    if w.existing_unit().is_some() {
+        // The rules across files, against what is configured now (read
+        // only for a `unit =` workload: a burst of adds stays cheap).
+        let loaded = load(root);
+        let owner = loaded
+            .workloads
+            .iter()
+            .find(|o| o.name != w.name && o.existing_unit() == w.existing_unit());
+        if let Some(e) = shared_unit(&w, &host, owner) {
+            return Err(vec![e]);
+        }
+    }
+    Ok(w)
 }
 
 /// Loads one workload by name the way the generator would, for the
@@ -233,5 +299,51 @@ mod tests {
             assert_eq!(loaded.workload(name).map(|w| w.name.as_str()), Some(name));
         }
         assert!(loaded.workload("a-").is_none());
+    }
+
+    /// Two workloads naming one unit: the first by name keeps it. A unit
+    /// the drain waits for is no workload.
+    #[test]
+    fn one_workload_per_existing_unit() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "drain_after = [\"nfs.service\"]\n",
+        )
+        .unwrap();
+        for (name, unit) in [
+            ("b", "pg.service"),
+            ("a", "pg.service"),
+            ("c", "nfs.service"),
+            ("d", "web.service"),
+        ] {
+            std::fs::write(etc.join(format!("{name}.toml")), format!("unit = \"{unit}\"\n")).unwrap();
+        }
+        let loaded = load(&Root::new(dir.path()));
+        let names: Vec<&str> = loaded.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["a", "d"]);
+        let errors: Vec<String> = loaded
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.key.as_deref().unwrap_or(""), e.reason))
+            .collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("unit: pg.service is already the unit of workload a (")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("unit: nfs.service is in the host's drain_after")),
+            "{errors:?}"
+        );
+        let map = loaded.workload_units();
+        assert_eq!(map.unit_of("a"), "pg.service");
+        assert_eq!(map.workload_of("web.service"), Some("d"));
     }
 }

@@ -51,16 +51,18 @@ impl Readiness {
     }
 }
 
-/// How the workload's process comes to be. One kind today; externally
-/// managed guests and workloads created at run time are later kinds.
+/// How the workload's process comes to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkloadKind {
-    /// The unit runs `exec` as its main process.
+    /// `berth@NAME.service` runs `exec` as its main process.
     Command {
         exec: Vec<String>,
         /// A graceful stop command that blocks until the workload is down.
         stop_exec: Option<Vec<String>>,
     },
+    /// An existing service unit, put under berth's rules by a drop-in: it
+    /// keeps its own command, type, stop and readiness.
+    Existing { unit: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,12 +94,73 @@ pub struct Workload {
 
 impl Workload {
     pub fn unit_name(&self) -> String {
-        unit_name(&self.name)
+        match &self.kind {
+            WorkloadKind::Command { .. } => unit_name(&self.name),
+            WorkloadKind::Existing { unit } => unit.clone(),
+        }
+    }
+
+    /// The existing unit this workload names (`unit =`), if it does.
+    pub fn existing_unit(&self) -> Option<&str> {
+        match &self.kind {
+            WorkloadKind::Existing { unit } => Some(unit),
+            WorkloadKind::Command { .. } => None,
+        }
+    }
+}
+
+/// Keys that only mean something for a command berth runs itself: an
+/// existing unit keeps its own (the admin changes them in the unit).
+const COMMAND_ONLY_KEYS: &[&str] = &[
+    "stop_exec",
+    "ready",
+    "ready_exec",
+    "environment",
+    "user",
+    "group",
+    "description",
+];
+
+/// Units a workload may not take over with `unit =`: what the service
+/// manager, the bus and berth itself are made of. The drain needs them
+/// until it is done, and DefaultDependencies=no would take them out of
+/// the boot's order.
+fn is_reserved_unit(unit: &str) -> bool {
+    unit.starts_with("systemd-")
+        || unit.starts_with("user@")
+        || unit.starts_with("user-runtime-dir@")
+        || unit.starts_with("berth-")
+        || matches!(unit, "dbus.service" | "dbus-broker.service")
+}
+
+/// The `unit` key: an existing service, not a template, not one of
+/// berth's own, not the manager's or the bus's.
+fn existing_unit(r: &mut Reader, unit: String) -> Option<String> {
+    let why = if !unit.ends_with(".service") || !is_valid_unit_name(&unit) {
+        Some(format!(
+            "{unit:?} is not a service unit name; name an existing service, e.g. unit = \"postgresql.service\""
+        ))
+    } else if instance_of(&unit).is_some() || PACKAGED_UNITS.contains(&unit.as_str()) {
+        Some(format!("{unit} is one of berth's own units"))
+    } else if SHUTDOWN_AND_MODE_UNITS.contains(&unit.as_str()) || is_reserved_unit(&unit) {
+        Some(format!(
+            "{unit} is part of the service manager, the bus or the shutdown; berth cannot take it over"
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => {
+            r.error("unit", why);
+            None
+        }
+        None => Some(unit),
     }
 }
 
 const WORKLOAD_KEYS: &[&str] = &[
     "exec",
+    "unit",
     "description",
     "autostart",
     "order",
@@ -142,14 +205,43 @@ fn from_table(
     let mut r = Reader::new(table, "", &origin);
     let mut errors = Vec::new();
 
-    let exec = match r.take("exec") {
-        None => {
-            r.error("exec", "missing; every workload needs the command to run, as a list: exec = [\"/usr/bin/prog\", \"arg\"]");
+    let unit = r.opt_text("unit");
+    let kind = match (r.take("exec"), unit) {
+        // A `unit` of the wrong type is reported as such, not as missing.
+        (None, None) if table.contains_key("unit") => None,
+        (None, None) => {
+            r.error(
+                "exec",
+                "missing; every workload needs the command to run, as a list: exec = [\"/usr/bin/prog\", \"arg\"], \
+                 or an existing unit to take over: unit = \"NAME.service\"",
+            );
             None
         }
-        Some(v) => argv(&mut r, "exec", v),
+        (Some(_), Some(_)) => {
+            r.error(
+                "unit",
+                "and exec are both set: a workload is either a command berth runs (exec) or an existing unit (unit)",
+            );
+            r.take("stop_exec");
+            None
+        }
+        (Some(v), None) => {
+            let exec = argv(&mut r, "exec", v);
+            let stop_exec = r.take("stop_exec").and_then(|v| argv(&mut r, "stop_exec", v));
+            exec.map(|exec| WorkloadKind::Command { exec, stop_exec })
+        }
+        (None, Some(unit)) => {
+            for key in COMMAND_ONLY_KEYS {
+                if r.take(key).is_some() {
+                    r.error(
+                        key,
+                        "is for a command berth runs (exec); an existing unit keeps its own: change it in the unit (systemctl edit)",
+                    );
+                }
+            }
+            existing_unit(&mut r, unit).map(|unit| WorkloadKind::Existing { unit })
+        }
     };
-    let stop_exec = r.take("stop_exec").and_then(|v| argv(&mut r, "stop_exec", v));
 
     let description = r.opt_text("description").and_then(|d| {
         // systemd strips ASCII whitespace around a value; what remains is
@@ -196,7 +288,16 @@ fn from_table(
     let mut wants = Vec::new();
     for (key, out) in [("after", &mut after), ("wants", &mut wants)] {
         if let Some(list) = r.text_list(key, "unit name") {
+            let itself = match &kind {
+                Some(WorkloadKind::Existing { unit }) => list.iter().position(|u| u == unit),
+                _ => None,
+            };
             match check_unit_list(&list, path, key, Some(name)) {
+                Ok(()) if itself.is_some() => r.errors.push(ConfigError::key(
+                    path,
+                    format!("{key}[{}]", itself.unwrap_or_default()),
+                    "a workload cannot depend on itself",
+                )),
                 Ok(()) => *out = list,
                 Err(e) => r.errors.push(e),
             }
@@ -253,12 +354,12 @@ fn from_table(
     }
 
     errors.append(&mut r.finish(WORKLOAD_KEYS));
-    match exec {
-        Some(exec) if errors.is_empty() => Ok(Workload {
+    match kind {
+        Some(kind) if errors.is_empty() => Ok(Workload {
             name: name.to_string(),
             source: path.to_path_buf(),
             description,
-            kind: WorkloadKind::Command { exec, stop_exec },
+            kind,
             autostart,
             order,
             start_delay_s,
@@ -596,6 +697,74 @@ mod tests {
         );
         assert!(e.iter().any(|m| m.contains("stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\"")));
         assert!(e.iter().any(|m| m.starts_with("D/web.toml: foo: unknown key")));
+    }
+
+    /// `unit =`: each input carries what it must give.
+    #[test]
+    fn existing_units() {
+        let w = load_text(
+            "unit = \"postgresql@15-main.service\"\norder = 2\nafter = [\"network-online.target\"]",
+        )
+        .unwrap();
+        assert_eq!(w.unit_name(), "postgresql@15-main.service");
+        assert_eq!(w.existing_unit(), Some("postgresql@15-main.service"));
+        assert_eq!(w.after, ["network-online.target"]);
+        let w = load_text("unit = \"db.service\"\n[service]\nMemoryMax = \"1G\"").unwrap();
+        assert_eq!(w.service.len(), 1);
+        for (text, message) in [
+            (
+                "unit = \"db.service\"\nexec = [\"/bin/true\"]\nstop_exec = [\"/bin/true\"]",
+                "D/web.toml: unit: and exec are both set: a workload is either a command berth runs (exec) or an existing unit (unit)",
+            ),
+            (
+                "unit = \"db.socket\"",
+                "D/web.toml: unit: \"db.socket\" is not a service unit name; name an existing service, e.g. unit = \"postgresql.service\"",
+            ),
+            (
+                "unit = \"getty@.service\"",
+                "D/web.toml: unit: \"getty@.service\" is not a service unit name; name an existing service, e.g. unit = \"postgresql.service\"",
+            ),
+            (
+                "unit = \"berth@db.service\"",
+                "D/web.toml: unit: berth@db.service is one of berth's own units",
+            ),
+            (
+                "unit = \"berth-drain.service\"",
+                "D/web.toml: unit: berth-drain.service is one of berth's own units",
+            ),
+            (
+                "unit = \"dbus.service\"",
+                "D/web.toml: unit: dbus.service is part of the service manager, the bus or the shutdown; berth cannot take it over",
+            ),
+            (
+                "unit = \"systemd-journald.service\"",
+                "D/web.toml: unit: systemd-journald.service is part of the service manager, the bus or the shutdown; berth cannot take it over",
+            ),
+            (
+                "unit = \"systemd-poweroff.service\"",
+                "D/web.toml: unit: systemd-poweroff.service is part of the service manager, the bus or the shutdown; berth cannot take it over",
+            ),
+            (
+                "unit = \"db.service\"\nready = \"notify\"",
+                "D/web.toml: ready: is for a command berth runs (exec); an existing unit keeps its own: change it in the unit (systemctl edit)",
+            ),
+            (
+                "unit = \"db.service\"\nstop_exec = [\"/bin/kill\"]",
+                "D/web.toml: stop_exec: is for a command berth runs (exec); an existing unit keeps its own: change it in the unit (systemctl edit)",
+            ),
+            (
+                "unit = \"db.service\"\n[environment]\nA = \"b\"",
+                "D/web.toml: environment: is for a command berth runs (exec); an existing unit keeps its own: change it in the unit (systemctl edit)",
+            ),
+            (
+                "unit = \"db.service\"\nwants = [\"x.target\", \"db.service\"]",
+                "D/web.toml: wants[1]: a workload cannot depend on itself",
+            ),
+            ("unit = 3", "D/web.toml: unit: must be a string, not integer"),
+        ] {
+            let e = load_text(text).unwrap_err();
+            assert_eq!(e, [message], "{text}");
+        }
     }
 
     #[test]

@@ -112,7 +112,10 @@ pub fn main(root: &Root, options: Options) -> Result<Exit, StartError> {
 
 async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartError> {
     let events = Events::new("berth-daemon");
-    let mut changes = sd.watch().await.map_err(StartError::Watch)?;
+    // Filled with the `unit =` workloads' paths once the config is read:
+    // the watch starts first so that no change is missed.
+    let watched = crate::systemd::WatchedPaths::default();
+    let mut changes = sd.watch(watched.clone()).await.map_err(StartError::Watch)?;
     let (Ok(mut sigterm), Ok(mut sighup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
     else {
         return Err(StartError::Signals(std::io::Error::last_os_error()));
@@ -135,6 +138,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         None
     };
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
+    sup.share_watched(watched);
 
     // One sync for every record the first pass writes, before READY.
     let batch = atomic::Batch::begin(&records::records_dir(&sup.root));

@@ -12,11 +12,11 @@ use super::health::{self, Health, HealthStatus};
 use crate::api::{RecordJson, Shared, WorkloadView};
 use crate::config::{self, HostSettings, Loaded};
 use crate::events::Events;
-use crate::names::{self, instance_of};
+use crate::names;
 use crate::paths::Root;
 use crate::state::lock;
 use crate::state::records::{self, ExitCause, RecordState, TransitionReason};
-use crate::systemd::{ActiveState, Change, JobType, Ops, UnitDetails};
+use crate::systemd::{ActiveState, Change, JobType, Ops, UnitDetails, WatchedPaths};
 use crate::time::rfc3339;
 
 /// How long a seen start or stop job explains a transition.
@@ -30,6 +30,10 @@ pub(super) struct Supervisor<O: Ops> {
     /// The names of the configured workloads. Nothing else of their
     /// definitions: 5000 of them held 2.5 MB the daemon never read.
     configured: BTreeSet<String>,
+    /// Which unit each workload is (`unit =` workloads name their own).
+    units: names::WorkloadUnits,
+    /// The object paths of those units, shared with the watcher.
+    watched: WatchedPaths,
     pub(super) events: Events,
     /// unit → (job type, when seen)
     jobs: HashMap<String, (JobType, Instant)>,
@@ -101,6 +105,8 @@ impl<O: Ops> Supervisor<O> {
             root,
             host: loaded.host.clone(),
             configured: BTreeSet::new(),
+            units: names::WorkloadUnits::default(),
+            watched: WatchedPaths::default(),
             events,
             jobs: HashMap::new(),
             deferred: Vec::new(),
@@ -121,13 +127,24 @@ impl<O: Ops> Supervisor<O> {
 
     /// Takes what the daemon needs of a (re)loaded config.
     pub(super) fn configure(&mut self, loaded: Loaded) {
+        self.units = loaded.workload_units();
+        self.share_watched(self.watched.clone());
         self.host = loaded.host;
         self.configured = loaded.workloads.into_iter().map(|w| w.name).collect();
     }
 
+    /// Keeps `watched` (the watcher's filter) holding the object paths of
+    /// the `unit =` workloads.
+    pub(super) fn share_watched(&mut self, watched: WatchedPaths) {
+        if let Ok(mut paths) = watched.write() {
+            *paths = self.units.existing_paths().cloned().collect();
+        }
+        self.watched = watched;
+    }
+
     /// One scan of every workload unit; returns how many run.
     pub(super) async fn pass(&mut self, first: bool) -> usize {
-        let live = match self.sd.list_workloads().await {
+        let live = match self.sd.list_workloads(&self.units.existing_units()).await {
             Ok(live) => live,
             Err(e) => {
                 self.events
@@ -141,7 +158,7 @@ impl<O: Ops> Supervisor<O> {
         let mut running = 0;
         let mut states: HashMap<String, ActiveState> = HashMap::with_capacity(live.len());
         for u in live {
-            if let Some(name) = instance_of(&u.name)
+            if let Some(name) = self.units.workload_of(&u.name)
                 && self.is_followed(name, &u.active_state)
             {
                 states.insert(name.to_string(), u.active_state);
@@ -215,7 +232,7 @@ impl<O: Ops> Supervisor<O> {
     pub(super) async fn on_change(&mut self, change: Change) {
         match change {
             Change::JobNew { job, unit } => {
-                if instance_of(&unit).is_some() {
+                if self.units.workload_of(&unit).is_some() {
                     // A job that is gone by the time it is asked about ran
                     // and ended at once: noted as such (a quick stop).
                     let kind = self
@@ -233,7 +250,7 @@ impl<O: Ops> Supervisor<O> {
             } => {
                 // Decoded from the path (systemd's escaping is exact): no
                 // map of 5000 paths is kept.
-                if let Some(name) = names::workload_of_path(&path) {
+                if let Some(name) = self.units.workload_of_path(&path) {
                     let observed = match observed {
                         Some(seen) if !exit_known && seen.active_state.is_down() => {
                             self.with_exit_cause(&name, seen).await
@@ -253,7 +270,7 @@ impl<O: Ops> Supervisor<O> {
     /// after the stop, made a `systemctl stop` look like an exit with no
     /// job). None when systemd does not answer: deferred like any read.
     async fn with_exit_cause(&self, name: &str, mut seen: UnitDetails) -> Option<UnitDetails> {
-        let now = self.details(&names::unit_name(name)).await?;
+        let now = self.details(&self.units.unit_of(name)).await?;
         seen.result = now.result;
         seen.exec_main_code = now.exec_main_code;
         seen.exec_main_status = now.exec_main_status;
@@ -355,7 +372,7 @@ impl<O: Ops> Supervisor<O> {
     /// or a pass listed (the ActiveState alone: details are fetched only
     /// when a transition is to be recorded); None: ask systemd now.
     async fn reconcile(&mut self, name: &str, seen_by: SeenBy, known: Option<UnitDetails>) {
-        let unit = names::unit_name(name);
+        let unit = self.units.unit_of(name);
         let mut details = match known {
             Some(known) => known,
             None => match self.details(&unit).await {
@@ -665,7 +682,7 @@ impl<O: Ops> Supervisor<O> {
     pub(super) async fn fill_one(&mut self) {
         let Some(name) = self.fill.pop_front() else { return };
         let Some(api) = &self.api else { return };
-        let unit = names::unit_name(&name);
+        let unit = self.units.unit_of(&name);
         let Some(details) = self.details(&unit).await else {
             return;
         };

@@ -54,7 +54,10 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     let started_at = rfc3339(SystemTime::now() - began.elapsed());
     let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
     let spent = deadline + BUDGET_AFTER_DEADLINE;
-    let live = match ops.list_workloads().await {
+    let live = match ops
+        .list_workloads(&loaded.workload_units().existing_units())
+        .await
+    {
         Ok(live) => live,
         Err(e) => {
             events.warn(&format!(
@@ -74,8 +77,13 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
         }
     };
     let groups = plan::groups(loaded, &live);
-    let everyone: Vec<String> = groups.iter().flatten().map(|t| t.name.clone()).collect();
-    let mut progress = progress(groups.iter().flatten().filter(|t| t.running).count());
+    let everyone: Vec<(String, String)> = groups
+        .iter()
+        .flatten()
+        .map(|t| (t.name.clone(), t.unit.clone()))
+        .collect();
+    let mut progress =
+        progress(groups.iter().flatten().filter(|t| t.running).count()).naming(loaded.workload_units());
     let parallelism = loaded.host.drain_parallelism.max(1) as usize;
     let mut results = Vec::new();
     let within_budget = tokio::time::timeout_at(
@@ -95,13 +103,14 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     .await
     .is_ok();
     if !within_budget {
-        let unanswered: Vec<String> = everyone
+        let unanswered: Vec<(String, String)> = everyone
             .into_iter()
-            .filter(|n| !results.iter().any(|r| r.workload == *n))
+            .filter(|(n, _)| !results.iter().any(|r| r.workload == *n))
             .collect();
-        for name in unanswered {
+        for (name, unit) in unanswered {
             let r = StopResult {
                 workload: name,
+                unit,
                 outcome: Outcome::Failed,
                 started_ms: 0,
                 code: Some("E_SYSTEMD".to_string()),
@@ -302,6 +311,7 @@ async fn stop_one<O: Ops>(
     };
     let result = StopResult {
         workload: t.name,
+        unit: t.unit,
         outcome,
         started_ms: began.duration_since(drain_began).as_millis() as u64,
         code: code.map(str::to_string),

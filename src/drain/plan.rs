@@ -49,9 +49,10 @@ impl Target {
 /// The drain's groups: configured workloads in reverse start order, then
 /// the running units nobody configured.
 pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
+    let units = loaded.workload_units();
     let running: BTreeMap<&str, bool> = live
         .iter()
-        .filter_map(|u| names::instance_of(&u.name).map(|n| (n, u.is_running())))
+        .filter_map(|u| units.workload_of(&u.name).map(|n| (n, u.is_running())))
         .collect();
     let mut groups: Vec<Vec<Target>> = plan::drain_groups(&loaded.workloads)
         .into_iter()

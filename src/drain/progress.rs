@@ -6,6 +6,7 @@
 //! drain is its ExecStop, a control process), so `systemctl status` shows
 //! it too. The journal has the structured events, not these lines.
 
+use crate::names::WorkloadUnits;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -31,6 +32,8 @@ pub struct Progress<W: Write> {
     outcomes_echoed: bool,
     /// Whether STATUS= goes to systemd (not in tests).
     notify: bool,
+    /// The units the lines name.
+    units: WorkloadUnits,
 }
 
 impl Progress<Box<dyn Write>> {
@@ -63,11 +66,18 @@ impl Progress<Box<dyn Write>> {
             done: 0,
             outcomes_echoed,
             notify: std::env::var_os("NOTIFY_SOCKET").is_some(),
+            units: WorkloadUnits::default(),
         }
     }
 }
 
 impl<W: Write> Progress<W> {
+    /// Lines name `units`' units (a `unit =` workload's own).
+    pub fn naming(mut self, units: WorkloadUnits) -> Self {
+        self.units = units;
+        self
+    }
+
     #[cfg(test)]
     pub fn to(out: W, total: usize) -> Self {
         Progress {
@@ -76,6 +86,7 @@ impl<W: Write> Progress<W> {
             done: 0,
             outcomes_echoed: false,
             notify: false,
+            units: WorkloadUnits::default(),
         }
     }
 
@@ -93,7 +104,7 @@ impl<W: Write> Progress<W> {
         self.done += 1;
         let line = format!(
             "berth: {} {} after {:.1} s ({} of {} done)",
-            crate::names::unit_name(&r.workload),
+            r.unit_name(),
             r.outcome.as_str(),
             r.elapsed_ms as f64 / 1000.0,
             self.done,
@@ -117,7 +128,7 @@ impl<W: Write> Progress<W> {
         let mut names: Vec<String> = stopping
             .iter()
             .take(NAMES_SHOWN)
-            .map(|n| crate::names::unit_name(n))
+            .map(|n| self.units.unit_of(n))
             .collect();
         if stopping.len() > NAMES_SHOWN {
             names.push(format!("{} more", stopping.len() - NAMES_SHOWN));

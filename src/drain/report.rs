@@ -31,6 +31,7 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
         .iter()
         .map(|w| StopResult {
             workload: w.name.clone(),
+            unit: w.unit_name(),
             outcome: Outcome::Failed,
             started_ms: 0,
             code: Some("E_SYSTEMD".into()),
@@ -122,8 +123,8 @@ pub(super) fn log_outcome(r: &StopResult, events: &Events) {
         r.outcome.message_id(),
         &fields,
         &format!(
-            "drain: berth@{}.service {} after {} ms{detail}",
-            r.workload,
+            "drain: {} {} after {} ms{detail}",
+            r.unit_name(),
             r.outcome.as_str(),
             r.elapsed_ms
         ),

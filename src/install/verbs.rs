@@ -264,7 +264,7 @@ pub async fn uninstall(root: &Root, purge: bool) -> Result<Report, Error> {
     }
     retrying(&mut report, Step::Reload, || sd.reload()).await?;
     let running = sd
-        .list_workloads()
+        .list_workloads(&[])
         .await
         .map(|units| units.iter().filter(|u| u.is_running()).count())
         .unwrap_or(0);

@@ -142,7 +142,9 @@ pub async fn add<O: Ops>(
     start: bool,
 ) -> Result<Done, ChangeError> {
     let path = place.dir(root).join(format!("{name}.toml"));
-    config::check_workload_text(root, name, &path, text).map_err(ChangeError::Invalid)?;
+    let unit = config::check_workload_text(root, name, &path, text)
+        .map_err(ChangeError::Invalid)?
+        .unit_name();
     refuse_if_stopping(ops).await?;
     let reloaded = change_then_reload(ops, root, &path, || {
         // Checked under the lock, so that two adds of one name cannot
@@ -162,7 +164,7 @@ pub async fn add<O: Ops>(
     .await?;
     let job = if start {
         let job = ops
-            .start(&unit_name(name))
+            .start(&unit)
             .await
             .map_err(|e| ChangeError::Systemd(e.to_string()))?;
         ops.wait(&job, None).await
@@ -187,16 +189,20 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     }
     let identity = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
     refuse_if_stopping(ops).await?;
-    let unit = unit_name(name);
+    // A file that no longer parses is taken for a `berth@` unit's: that
+    // is the unit whose drop-in would be lost.
+    let existing = config::load_workload(root, name).and_then(|w| w.existing_unit().map(str::to_string));
+    let unit = existing.clone().unwrap_or_else(|| unit_name(name));
     // Starting (a readiness wait can last its whole start timeout) or
     // stopping counts as running: only a unit that is down may lose its
-    // drop-in.
+    // drop-in. An existing unit (`unit =`) keeps running under its own
+    // rules without it, the shutdown transaction stopping it again.
     let running = !ops
         .active_state(&unit)
         .await
         .map_err(|e| ChangeError::Systemd(e.to_string()))?
         .is_down();
-    let job = if running {
+    let job = if running && (stop || existing.is_none()) {
         if !stop {
             return Err(ChangeError::Running(unit));
         }

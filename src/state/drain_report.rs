@@ -67,6 +67,10 @@ impl Outcome {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StopResult {
     pub workload: String,
+    /// Its unit: `berth@NAME.service`, or a `unit =` workload's own.
+    /// Absent from reports written before there were others.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unit: String,
     pub outcome: Outcome,
     /// When its stop began, in ms since the drain began.
     pub started_ms: u64,
@@ -75,6 +79,17 @@ pub struct StopResult {
     pub elapsed_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+impl StopResult {
+    /// Its unit, also for a report that did not say.
+    pub fn unit_name(&self) -> String {
+        if self.unit.is_empty() {
+            crate::names::unit_name(&self.workload)
+        } else {
+            self.unit.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

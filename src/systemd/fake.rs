@@ -160,7 +160,7 @@ impl FakeOps {
 }
 
 impl Ops for FakeOps {
-    async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError> {
+    async fn list_workloads(&self, _existing: &[String]) -> Result<Vec<UnitStatus>, SystemdError> {
         self.listings.set(self.listings.get() + 1);
         Ok(self
             .units
@@ -300,7 +300,7 @@ impl Ops for FakeOps {
     }
 
     /// Changes the test sends itself, through [`FakeOps::changes`].
-    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
+    async fn watch(&self, _existing: super::WatchedPaths) -> Result<UnboundedReceiver<Change>, SystemdError> {
         let (tx, rx) = unbounded_channel();
         *self.changes.borrow_mut() = Some(tx);
         Ok(rx)

@@ -27,7 +27,7 @@ pub use error::SystemdError;
 pub use ops::Ops;
 pub use types::{
     ActiveState, Change, ExitCode, Job, JobResult, JobType, LoadState, ServiceResult, UnitDetails,
-    UnitFileState, UnitStatus, UnitTopology,
+    UnitFileState, UnitStatus, UnitTopology, WatchedPaths,
 };
 
 /// A current-thread runtime: berth's programs are sequential with a few

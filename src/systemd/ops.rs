@@ -13,15 +13,16 @@ use super::jobs::Registered;
 use super::proxies::{JobProxy, SERVICE_INTERFACE, ServiceProxy, UNIT_INTERFACE, UnitProxy};
 use super::types::{
     ActiveState, Change, ExitCode, Job, JobResult, JobType, LoadState, ServiceResult, UnitDetails,
-    UnitFileState, UnitStatus, UnitTopology,
+    UnitFileState, UnitStatus, UnitTopology, WatchedPaths,
 };
 use crate::names::WORKLOAD_PATTERN;
 
 /// What berth needs from the manager.
 #[allow(async_fn_in_trait)]
 pub trait Ops {
-    /// Every loaded `berth@*.service`.
-    async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError>;
+    /// Every loaded `berth@*.service`, and those of `existing` that are
+    /// loaded (the `unit =` workloads' units).
+    async fn list_workloads(&self, existing: &[String]) -> Result<Vec<UnitStatus>, SystemdError>;
     async fn active_state(&self, unit: &str) -> Result<ActiveState, SystemdError>;
     /// The unit's state and, for a service, its main process and last exit.
     async fn details(&self, unit: &str) -> Result<UnitDetails, SystemdError>;
@@ -51,8 +52,9 @@ pub trait Ops {
     /// `systemctl disable` without the reload.
     async fn disable_unit_file(&self, unit: &str) -> Result<(), SystemdError>;
 
-    /// Unit state changes and new jobs, as they happen.
-    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError>;
+    /// State changes of the workload units (every `berth@` unit and those
+    /// at `existing`) and new jobs, as they happen.
+    async fn watch(&self, existing: WatchedPaths) -> Result<UnboundedReceiver<Change>, SystemdError>;
 }
 
 /// An InvocationID (16 bytes) as systemd prints it: 32 hex digits.
@@ -66,12 +68,17 @@ fn job(path: String) -> Job {
 }
 
 impl Ops for Systemd {
-    async fn list_workloads(&self) -> Result<Vec<UnitStatus>, SystemdError> {
+    async fn list_workloads(&self, existing: &[String]) -> Result<Vec<UnitStatus>, SystemdError> {
+        // Each name a pattern of itself: unit names hold no `*?[`, and
+        // systemd matches with FNM_NOESCAPE, so the backslash of an escape
+        // such as `\x2d` is literal (scenario 20 lists one).
+        let mut patterns = vec![WORKLOAD_PATTERN];
+        patterns.extend(existing.iter().map(String::as_str));
         let rows = self
             .bounded(
                 "ListUnitsByPatterns",
                 WORKLOAD_PATTERN,
-                self.manager.list_units_by_patterns(&[], &[WORKLOAD_PATTERN]),
+                self.manager.list_units_by_patterns(&[], &patterns),
             )
             .await?;
         Ok(rows
@@ -180,6 +187,9 @@ impl Ops for Systemd {
             drop_ins: u.drop_in_paths,
             refuse_manual_stop: u.refuse_manual_stop,
             ignore_on_isolate: u.ignore_on_isolate,
+            fragment_path: u.fragment_path,
+            source_path: u.source_path,
+            wanted_by: u.wanted_by.into_iter().chain(u.required_by).collect(),
             ..Default::default()
         };
         if unit.ends_with(".service") && t.load_state == LoadState::Loaded {
@@ -189,6 +199,8 @@ impl Ops for Systemd {
             t.slice = s.slice;
             t.timeout_stop_us = s.timeout_stop_usec;
             t.exec_stop = s.exec_stop.into_iter().map(|c| c.argv).collect();
+            t.exec_start = s.exec_start.into_iter().map(|c| c.argv).collect();
+            t.control_group = s.control_group;
         }
         Ok(t)
     }
@@ -285,8 +297,8 @@ impl Ops for Systemd {
         .map(drop)
     }
 
-    async fn watch(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
-        self.watch_changes().await
+    async fn watch(&self, existing: WatchedPaths) -> Result<UnboundedReceiver<Change>, SystemdError> {
+        self.watch_changes(existing).await
     }
 }
 

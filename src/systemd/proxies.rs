@@ -158,6 +158,12 @@ pub struct UnitProps {
     pub drop_in_paths: Vec<String>,
     pub refuse_manual_stop: bool,
     pub ignore_on_isolate: bool,
+    pub fragment_path: String,
+    /// What a generator made the unit from (a quadlet's `.container`,
+    /// an fstab line's /etc/fstab).
+    pub source_path: String,
+    pub wanted_by: Vec<String>,
+    pub required_by: Vec<String>,
 }
 
 /// The Service interface's properties berth reads.
@@ -172,7 +178,9 @@ pub struct ServiceProps {
     pub slice: String,
     #[zbus(rename = "TimeoutStopUSec")]
     pub timeout_stop_usec: u64,
+    pub exec_start: Vec<ExecCommand>,
     pub exec_stop: Vec<ExecCommand>,
+    pub control_group: String,
 }
 
 /// One `ExecStop=` (or other Exec*) entry: `(sasbttttuii)`.

@@ -221,6 +221,16 @@ pub struct UnitTopology {
     pub ignore_on_isolate: bool,
     /// Services: TimeoutStopUSec.
     pub timeout_stop_us: u64,
+    /// Services: each ExecStart= argv.
+    pub exec_start: Vec<Vec<String>>,
+    /// Services: the cgroup its processes run in now (empty when none
+    /// run): a new Slice= moves them only at the next start.
+    pub control_group: String,
+    pub fragment_path: String,
+    pub source_path: String,
+    /// Units that want or require this one (`WantedBy=`, `RequiredBy=`):
+    /// what starts it besides berth.
+    pub wanted_by: Vec<String>,
 }
 
 /// A queued job.
@@ -229,6 +239,11 @@ pub struct Job {
     pub path: String,
     pub id: u32,
 }
+
+/// Object paths of the `unit =` workloads, whose signals the watcher
+/// passes on beside those of every `berth@` unit; the supervisor updates
+/// it when it reloads the workload definitions.
+pub type WatchedPaths = std::sync::Arc<std::sync::RwLock<std::collections::BTreeSet<String>>>;
 
 /// Something that changed in the manager.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,13 +21,16 @@ use super::connection::Systemd;
 use super::error::SystemdError;
 use super::ops::hex;
 use super::proxies::{SERVICE, SERVICE_INTERFACE, UNIT_INTERFACE};
-use super::types::{ActiveState, Change, ExitCode, LoadState, ServiceResult, UnitDetails};
+use super::types::{ActiveState, Change, ExitCode, LoadState, ServiceResult, UnitDetails, WatchedPaths};
 use crate::names::WORKLOAD_PATH_PREFIX;
 
 const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";
 
 impl Systemd {
-    pub(super) async fn watch_changes(&self) -> Result<UnboundedReceiver<Change>, SystemdError> {
+    pub(super) async fn watch_changes(
+        &self,
+        existing: WatchedPaths,
+    ) -> Result<UnboundedReceiver<Change>, SystemdError> {
         let rule = MatchRule::builder()
             .msg_type(zbus::message::Type::Signal)
             .sender(SERVICE)
@@ -41,7 +44,7 @@ impl Systemd {
         tokio::spawn(async move {
             let mut services = HashMap::new();
             while let Some(Ok(message)) = signals.next().await {
-                if let Some(change) = change_of(&message, &mut services)
+                if let Some(change) = change_of(&message, &mut services, &existing)
                     && tx.send(change).is_err()
                 {
                     return;
@@ -67,7 +70,11 @@ struct ServiceSeen {
 type Changed = HashMap<String, OwnedValue>;
 
 /// What a signal from systemd means to the supervisor, if anything.
-fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen>) -> Option<Change> {
+fn change_of(
+    message: &zbus::Message,
+    services: &mut HashMap<String, ServiceSeen>,
+    existing: &WatchedPaths,
+) -> Option<Change> {
     let header = message.header();
     let path = header.path()?.as_str();
     let interface = header.interface()?.as_str();
@@ -76,7 +83,8 @@ fn change_of(message: &zbus::Message, services: &mut HashMap<String, ServiceSeen
         // Only berth's units: every other unit's signals are dropped
         // before their property dictionaries are read.
         ("org.freedesktop.DBus.Properties", "PropertiesChanged")
-            if path.starts_with(WORKLOAD_PATH_PREFIX) =>
+            if path.starts_with(WORKLOAD_PATH_PREFIX)
+                || existing.read().is_ok_and(|paths| paths.contains(path)) =>
         {
             let (of, changed, _invalidated): (String, Changed, Vec<String>) =
                 message.body().deserialize().ok()?;
@@ -197,6 +205,10 @@ mod tests {
 
     const WEB: &str = "/org/freedesktop/systemd1/unit/berth_40web_2eservice";
 
+    fn none() -> WatchedPaths {
+        WatchedPaths::default()
+    }
+
     fn changed(path: &str, interface: &str, properties: Vec<(&str, Value<'static>)>) -> zbus::Message {
         let properties: HashMap<String, Value> =
             properties.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -244,7 +256,7 @@ mod tests {
     fn a_unit_signal_carries_the_state_it_showed() {
         let mut services = HashMap::new();
         assert_eq!(
-            change_of(&service(WEB), &mut services),
+            change_of(&service(WEB), &mut services, &none()),
             None,
             "kept for the Unit signal"
         );
@@ -252,7 +264,7 @@ mod tests {
             path,
             observed: Some(d),
             exit_known: true,
-        }) = change_of(&unit(WEB, "failed", 0), &mut services)
+        }) = change_of(&unit(WEB, "failed", 0), &mut services, &none())
         else {
             panic!("no observation")
         };
@@ -274,7 +286,7 @@ mod tests {
         );
         let Some(Change::Properties {
             observed: Some(d), ..
-        }) = change_of(&unit(WEB, "active", 7), &mut services)
+        }) = change_of(&unit(WEB, "active", 7), &mut services, &none())
         else {
             panic!("no observation")
         };
@@ -285,20 +297,30 @@ mod tests {
     fn other_units_are_dropped_and_a_first_signal_keeps_its_state() {
         let mut services = HashMap::new();
         let other = "/org/freedesktop/systemd1/unit/dbus_2eservice";
-        assert_eq!(change_of(&service(other), &mut services), None);
+        assert_eq!(change_of(&service(other), &mut services, &none()), None);
         assert_eq!(
-            change_of(&unit(other, "active", 0), &mut services),
+            change_of(&unit(other, "active", 0), &mut services, &none()),
             None,
             "not berth's unit"
         );
         assert!(services.is_empty(), "nothing kept for other units");
+        // Unless it is an existing unit a workload names (`unit =`).
+        let existing = none();
+        existing.write().unwrap().insert(other.to_string());
+        assert_eq!(change_of(&service(other), &mut services, &existing), None);
+        let Some(Change::Properties { path, .. }) =
+            change_of(&unit(other, "active", 0), &mut services, &existing)
+        else {
+            panic!("a `unit =` workload's signal is passed on")
+        };
+        assert_eq!(path, other);
         // No Service signal seen yet: the state is the signal's, the exit
         // cause is for the supervisor to read.
         let Some(Change::Properties {
             observed: Some(d),
             exit_known: false,
             ..
-        }) = change_of(&unit(WEB, "active", 7), &mut services)
+        }) = change_of(&unit(WEB, "active", 7), &mut services, &none())
         else {
             panic!("the Unit signal's own state is kept")
         };
@@ -311,7 +333,7 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(
-            change_of(&job, &mut services),
+            change_of(&job, &mut services, &none()),
             Some(Change::JobNew {
                 job: "/org/freedesktop/systemd1/job/7".into(),
                 unit: "berth@web.service".into()

@@ -77,6 +77,9 @@ harness_prepare() {
     journalctl --root="$ROOTFS" --update-catalog || die "journalctl --update-catalog failed"
     install -d "$ROOTFS/opt/berth-test"
     install -m755 "$REPO"/tests/harness/bin/* "$ROOTFS/opt/berth-test/"
+    # Existing services an admin runs (installed, not enabled), for the
+    # `unit =` workloads of scenario 20.
+    install -m644 "$REPO"/tests/harness/units/*.service "$ROOTFS/etc/systemd/system/"
     # Nothing but what a test asks for: no getty on the console.
     systemctl --root="$ROOTFS" mask console-getty.service >/dev/null 2>&1 || true
     touch "$HARNESS_DIR/.prepared"

@@ -25,7 +25,7 @@ ct systemctl daemon-reload
 run berth check --live
 check_eq "admin drop-ins that break the invariants: exit 1" "1" "$rc"
 check_contains "... a Requires= on a unit stopped at shutdown" \
-    "berth@a.service is stopped by the shutdown transaction itself (berth@a.service has Requires=db.service, and db.service has Conflicts=shutdown.target)" "$out"
+    "berth@a.service is stopped by the shutdown transaction itself (berth@a.service has Requires=db.service, and db.service (/etc/systemd/system/db.service) has Conflicts=shutdown.target)" "$out"
 check_contains "... naming the drop-in" "admin drop-ins: /etc/systemd/system/berth@a.service.d/override.conf" "$out"
 check_contains "... a PartOf=" "berth@b.service has PartOf=berth.target" "$out"
 check_contains "... counted" "live: 2 problem(s)" "$out"
