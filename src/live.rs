@@ -105,6 +105,48 @@ fn stopped_at_shutdown(
     None
 }
 
+/// Units every workload starts after (the drop-ins' base targets) and
+/// the drain: with what the drain is ordered after, the anchors a
+/// workload must not be ordered before.
+const START_ANCHORS: &[&str] = &["sysinit.target", "basic.target", DRAIN];
+
+/// Why `unit`, which starts after the drain, is also ordered before
+/// something the drain (or every workload) starts after: an ordering
+/// cycle, which systemd breaks at boot by deleting a start job, maybe the
+/// drain's. Follows `Before=` through the units at hand (the targets
+/// [`gather`] reads).
+fn ordering_cycle(unit: &str, units: &BTreeMap<String, UnitTopology>) -> Option<String> {
+    let mut anchors: BTreeSet<&str> = START_ANCHORS.iter().copied().collect();
+    if let Some(d) = units.get(DRAIN) {
+        anchors.extend(d.after.iter().map(String::as_str));
+    }
+    // Breadth first, so that the shortest chain is the one named.
+    let mut seen = BTreeSet::from([unit.to_string()]);
+    let mut queue = std::collections::VecDeque::from([(unit.to_string(), String::new())]);
+    while let Some((at, path)) = queue.pop_front() {
+        let Some(u) = units.get(&at) else { continue };
+        for next in &u.before {
+            let step = if path.is_empty() {
+                format!("{at} has Before={next}")
+            } else {
+                format!("{path}, {at} has Before={next}")
+            };
+            if anchors.contains(next.as_str()) {
+                let why = if START_ANCHORS.contains(&next.as_str()) {
+                    "every workload starts after it".to_string()
+                } else {
+                    format!("{DRAIN} is After={next}")
+                };
+                return Some(format!("{step}, and {why}"));
+            }
+            if seen.insert(next.clone()) {
+                queue.push_back((next.clone(), step));
+            }
+        }
+    }
+    None
+}
+
 /// What the configuration says the loaded units should have.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expected {
@@ -257,10 +299,18 @@ pub fn problems(
         let from = w.where_from();
         if w.load_state != LoadState::Loaded {
             out.push(format!(
-                "{name} is {}: it lost its ExecStop, slice and ordering",
+                "{name} is {}: its unit file is missing or broken, so it has none of berth's ordering",
                 w.load_state
             ));
             continue;
+        }
+        out.extend(takeover_problems(name, units));
+        if w.refuse_manual_stop {
+            out.push(format!(
+                "{name}{} has RefuseManualStop=yes{from}: systemd refuses the drain's stop, so only the \
+                 final kill of the shutdown ends it",
+                w.declared_in(name)
+            ));
         }
         if !w.slice.is_empty() && w.slice != "berth.slice" {
             out.push(format!(
@@ -293,14 +343,15 @@ pub fn problems(
         let starters: Vec<&str> = w
             .wanted_by
             .iter()
+            .chain(&w.triggered_by)
             .map(String::as_str)
             .filter(|u| crate::names::instance_of(u).is_none() && !workloads.iter().any(|w| w == u))
             .collect();
         if !starters.is_empty() {
             out.push(format!(
-                "{name}{} is wanted by {}: systemd starts it at boot outside berth's order, frozen or not; \
-                 disable it (systemctl disable {name}; a quadlet: no [Install] in its .container) and let \
-                 berth's autostart start it",
+                "{name}{} is wanted or triggered by {}: systemd starts it outside berth's order, frozen or \
+                 not (and a trigger may start it again after the drain); disable it (systemctl disable \
+                 {name}; a quadlet: no [Install] in its .container) and let berth's autostart start it",
                 w.declared_in(name),
                 starters.join(", ")
             ));
@@ -324,6 +375,31 @@ pub fn problems(
                 ));
             }
         }
+    }
+    out
+}
+
+/// What makes a unit unfit to be a workload whatever its drop-in says:
+/// an alias (berth lists, watches and drains units by their own name,
+/// and systemd lists no alias), or an order before what the drain and
+/// every workload start after. `berth add --unit` refuses on these.
+pub fn takeover_problems(name: &str, units: &BTreeMap<String, UnitTopology>) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(w) = units.get(name) else { return out };
+    if !w.id.is_empty() && w.id != name {
+        out.push(format!(
+            "{name} is an alias of {}: name {} instead (systemd lists and signals a unit by its own name only, \
+             so berth would never see it run)",
+            w.id, w.id
+        ));
+    }
+    if let Some(why) = ordering_cycle(name, units) {
+        out.push(format!(
+            "{name}{} starts after {DRAIN} as a workload, but {why}: an ordering cycle, which systemd breaks \
+             at boot by dropping a start job (maybe the drain's); a unit the boot or the network needs \
+             cannot be a workload",
+            w.declared_in(name)
+        ));
     }
     out
 }
@@ -388,8 +464,62 @@ pub async fn gather<O: Ops>(
         }
         units.insert(name, u);
     }
-    Ok((workloads.into_iter().collect(), units))
+    let workloads: Vec<String> = workloads.into_iter().collect();
+    let roots: Vec<String> = workloads
+        .iter()
+        .filter_map(|w| units.get(w))
+        .flat_map(|u| u.before.iter().cloned())
+        .collect();
+    gather_order(sd, roots, &mut units).await?;
+    Ok((workloads, units))
 }
+
+/// Reads the targets that `roots` (what workloads are ordered before)
+/// lead to through `Before=`, for [`ordering_cycle`]. Targets only: chains
+/// of order run through them (network-pre.target → network.target), and
+/// they are few; bounded all the same.
+async fn gather_order<O: Ops>(
+    sd: &O,
+    roots: Vec<String>,
+    units: &mut BTreeMap<String, UnitTopology>,
+) -> Result<(), SystemdError> {
+    let mut todo: Vec<String> = roots.into_iter().filter(|u| u.ends_with(".target")).collect();
+    let mut read = 0;
+    while let Some(name) = todo.pop() {
+        if units.contains_key(&name) {
+            continue;
+        }
+        if read >= MAX_ORDER_UNITS {
+            break;
+        }
+        let u = sd.topology(&name).await?;
+        todo.extend(u.before.iter().filter(|b| b.ends_with(".target")).cloned());
+        units.insert(name, u);
+        read += 1;
+    }
+    Ok(())
+}
+
+/// What `berth add --unit` checks before it writes anything: the unit,
+/// the drain and the targets the unit is ordered before.
+pub async fn takeover_check<O: Ops>(sd: &O, unit: &str) -> Result<Vec<String>, SystemdError> {
+    let mut units = BTreeMap::new();
+    let u = sd.topology(unit).await?;
+    if u.load_state != LoadState::Loaded {
+        return Ok(vec![format!(
+            "{unit} is {}: there is no such unit to take over",
+            u.load_state
+        )]);
+    }
+    let before = u.before.clone();
+    units.insert(unit.to_string(), u);
+    units.insert(DRAIN.to_string(), sd.topology(DRAIN).await?);
+    gather_order(sd, before, &mut units).await?;
+    Ok(takeover_problems(unit, &units))
+}
+
+/// Targets read to follow the workloads' `Before=`.
+const MAX_ORDER_UNITS: usize = 64;
 
 const MAX_UNITS: usize = 512;
 
@@ -648,7 +778,7 @@ mod tests {
             "pg.service is stopped by the shutdown transaction itself (pg.service (/etc/systemd/system/pg.service) \
              has PartOf=pg-all.service, and pg-all.service (/usr/lib/systemd/system/pg-all.service) has \
              Conflicts=shutdown.target)",
-            "pg.service (/etc/systemd/system/pg.service) is wanted by multi-user.target: systemd starts it at boot",
+            "pg.service (/etc/systemd/system/pg.service) is wanted or triggered by multi-user.target: systemd starts it outside berth's order",
             "pg.service has TimeoutStopSec=20 s, under its stop_delay_s of 60 s",
             "pg.service (/etc/systemd/system/pg.service) gives its container 10 s to stop (podman's default stop \
              timeout; the container sets none (quadlet: StopTimeout=)) before podman kills it, under its \
@@ -658,6 +788,83 @@ mod tests {
         }
         // PartOf= itself, too.
         assert_eq!(p.len(), 5, "{p:#?}");
+    }
+
+    /// Review of issue 11: a unit the network or the boot needs, taken
+    /// over, made an ordering cycle with the drain (systemd-analyze
+    /// verify: "Job berth-drain.service/start deleted to break ordering
+    /// cycle"), and an alias was never listed, so never drained.
+    #[test]
+    fn a_cycle_with_the_drain_an_alias_and_a_refused_stop_are_problems() {
+        let mut m = healthy();
+        m.get_mut(DRAIN).unwrap().after.push("network.target".into());
+        let workload = |before: &[&str]| UnitTopology {
+            load_state: LoadState::Loaded,
+            id: "nm.service".into(),
+            before: s(before),
+            after: s(&["basic.target", DRAIN]),
+            slice: "berth.slice".into(),
+            ignore_on_isolate: true,
+            ..Default::default()
+        };
+        let target = |before: &[&str]| UnitTopology {
+            load_state: LoadState::Loaded,
+            before: s(before),
+            ..Default::default()
+        };
+        let units = s(&["nm.service"]);
+        for (before, chain) in [
+            (
+                &["network.target"][..],
+                Some("nm.service has Before=network.target, and berth-drain.service is After=network.target"),
+            ),
+            (
+                &["network-pre.target"],
+                Some(
+                    "nm.service has Before=network-pre.target, network-pre.target has Before=network.target, \
+                     and berth-drain.service is After=network.target",
+                ),
+            ),
+            (
+                &["sysinit.target"],
+                Some("nm.service has Before=sysinit.target, and every workload starts after it"),
+            ),
+            (&["multi-user.target"], None),
+            (&[], None),
+        ] {
+            let mut m = m.clone();
+            m.insert("nm.service".into(), workload(before));
+            m.insert("network-pre.target".into(), target(&["network.target"]));
+            m.insert(
+                "multi-user.target".into(),
+                target(&["graphical.target", "shutdown.target"]),
+            );
+            m.insert("network.target".into(), target(&["network-online.target"]));
+            let p = problems(&units, &m, &expected());
+            match chain {
+                Some(chain) => {
+                    assert_eq!(p.len(), 1, "{before:?}: {p:#?}");
+                    assert!(
+                        p[0].contains(chain) && p[0].contains("an ordering cycle"),
+                        "{before:?}: {p:#?}"
+                    );
+                }
+                None => assert!(p.is_empty(), "{before:?}: {p:#?}"),
+            }
+        }
+        let mut alias = workload(&[]);
+        alias.id = "mariadb.service".into();
+        alias.refuse_manual_stop = true;
+        alias.triggered_by = s(&["mysql.socket"]);
+        m.insert("mysql.service".into(), alias);
+        let p = problems(&s(&["mysql.service"]), &m, &expected()).join("\n");
+        for needle in [
+            "mysql.service is an alias of mariadb.service: name mariadb.service instead",
+            "mysql.service has RefuseManualStop=yes: systemd refuses the drain's stop",
+            "mysql.service is wanted or triggered by mysql.socket",
+        ] {
+            assert!(p.contains(needle), "{needle}: {p}");
+        }
     }
 
     #[test]

@@ -141,20 +141,22 @@ impl WorkloadUnits {
     }
 
     /// The workload `unit` is, if any. A `berth@` instance is one whatever
-    /// its name (a unit loaded by hand may carry one berth would refuse).
+    /// its name (a unit loaded by hand may carry one berth would refuse),
+    /// unless its name is a `unit =` workload's: `berth@pg.service` left
+    /// running after pg became an existing unit is not pg.
     pub fn workload_of<'a>(&'a self, unit: &'a str) -> Option<&'a str> {
-        match self.by_unit.get(unit) {
-            Some(name) => Some(name),
-            None => instance_of(unit),
+        if let Some(name) = self.by_unit.get(unit) {
+            return Some(name);
         }
+        instance_of(unit).filter(|name| !self.by_name.contains_key(*name))
     }
 
     /// The workload whose unit systemd keeps at `path`.
     pub fn workload_of_path(&self, path: &str) -> Option<String> {
-        match self.by_path.get(path) {
-            Some(name) => Some(name.clone()),
-            None => workload_of_path(path),
+        if let Some(name) = self.by_path.get(path) {
+            return Some(name.clone());
         }
+        workload_of_path(path).filter(|name| !self.by_name.contains_key(name))
     }
 
     /// The object paths of the `unit =` workloads: signals of these are
@@ -255,6 +257,10 @@ mod tests {
             None
         );
         assert_eq!(map.existing_units(), ["postgresql@15-main.service"]);
+        // Review of issue 11: berth@pg.service (left from before pg named
+        // an existing unit) was taken for pg.
+        assert_eq!(map.workload_of("berth@pg.service"), None);
+        assert_eq!(map.workload_of_path(&unit_object_path("berth@pg.service")), None);
     }
 
     #[test]

@@ -316,7 +316,16 @@ mod tests {
                 "-x",
             ][..],
             &["berth", "add", "web", "--from", "/tmp/web.toml"],
-            &["berth", "add", "pg", "--unit", "postgresql.service", "--order", "1", "--now"],
+            &[
+                "berth",
+                "add",
+                "pg",
+                "--unit",
+                "postgresql.service",
+                "--order",
+                "1",
+                "--now",
+            ],
             &["berth", "remove", "web", "--stop", "--user"],
             &["berth", "cat", "web"],
         ] {
@@ -326,7 +335,15 @@ mod tests {
         // One source for the workload: a command, an existing unit or a file.
         for argv in [
             &["berth", "add", "pg", "--unit", "pg.service", "--", "/bin/true"][..],
-            &["berth", "add", "pg", "--unit", "pg.service", "--from", "/tmp/pg.toml"],
+            &[
+                "berth",
+                "add",
+                "pg",
+                "--unit",
+                "pg.service",
+                "--from",
+                "/tmp/pg.toml",
+            ],
         ] {
             assert!(super::Cli::try_parse_from(argv).is_err(), "{argv:?}");
         }

@@ -187,6 +187,31 @@ fn refuse_shared_units(workloads: &mut Vec<Workload>, host: &HostSettings) -> Ve
             }
         }
     }
+    // `berth@X.service` of a workload X that is an existing unit is no
+    // workload's unit: a Wants= on it would start a stray instance.
+    for w in workloads.iter() {
+        for (key, list) in [("after", &w.after), ("wants", &w.wants)] {
+            for (i, u) in list.iter().enumerate() {
+                let Some(other) = crate::names::instance_of(u) else {
+                    continue;
+                };
+                // Sorted by name: a search, not a scan per entry.
+                let Some(unit) = workloads
+                    .binary_search_by(|o| o.name.as_str().cmp(other))
+                    .ok()
+                    .and_then(|i| workloads[i].existing_unit())
+                else {
+                    continue;
+                };
+                errors.push(ConfigError::key(
+                    &w.source,
+                    format!("{key}[{i}]"),
+                    format!("workload {other} is the existing unit {unit}: name {unit}, not {u}"),
+                ));
+                refused.insert(w.name.clone());
+            }
+        }
+    }
     workloads.retain(|w| !refused.contains(&w.name));
     errors
 }
@@ -321,6 +346,13 @@ mod tests {
         ] {
             std::fs::write(etc.join(format!("{name}.toml")), format!("unit = \"{unit}\"\n")).unwrap();
         }
+        // Review of issue 11: a Wants= on berth@d.service would start a
+        // stray instance of a workload that is an existing unit.
+        std::fs::write(
+            etc.join("e.toml"),
+            "exec = [\"/x\"]\nwants = [\"berth@d.service\"]\n",
+        )
+        .unwrap();
         let loaded = load(&Root::new(dir.path()));
         let names: Vec<&str> = loaded.workloads.iter().map(|w| w.name.as_str()).collect();
         assert_eq!(names, ["a", "d"]);
@@ -329,7 +361,14 @@ mod tests {
             .iter()
             .map(|e| format!("{}: {}", e.key.as_deref().unwrap_or(""), e.reason))
             .collect();
-        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors.contains(
+                &"wants[0]: workload d is the existing unit web.service: name web.service, not berth@d.service"
+                    .to_string()
+            ),
+            "{errors:?}"
+        );
         assert!(
             errors
                 .iter()

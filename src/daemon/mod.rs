@@ -30,7 +30,7 @@ use crate::events::Events;
 use crate::paths::Root;
 use crate::state::lock::{self, InstanceError};
 use crate::state::{atomic, records};
-use crate::systemd::{Ops, Systemd, SystemdError};
+use crate::systemd::{Change, Ops, Systemd, SystemdError};
 use crate::time::rfc3339;
 use supervisor::Supervisor;
 
@@ -108,6 +108,47 @@ pub fn main(root: &Root, options: Options) -> Result<Exit, StartError> {
             .map_err(StartError::Connect)?;
         run(sd, root.clone(), options).await
     })
+}
+
+/// The config read again, on SIGHUP or at the end of a daemon-reload
+/// (`reload_first`: only SIGHUP reloads systemd itself). Some when the
+/// daemon must leave to be relaunched: a new binary, or new daemon
+/// settings, which the generator turns into unit settings (WatchdogSec).
+async fn reread<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, reload_first: bool) -> Option<Exit> {
+    let fresh = config::load(&sup.root);
+    if binary_replaced() {
+        return Some(leave(
+            sup,
+            socket,
+            Exit::Relaunch,
+            "the berth binary was replaced: relaunching (exit 75)",
+        ));
+    }
+    if fresh.host.daemon != sup.host.daemon {
+        if !reload_first {
+            return Some(leave(
+                sup,
+                socket,
+                Exit::Relaunch,
+                "daemon settings changed at a daemon-reload: relaunching (exit 75)",
+            ));
+        }
+        if let Err(e) = sup.sd.reload().await {
+            sup.events.warn(&format!(
+                "daemon settings changed, but systemd could not be reloaded: {e}"
+            ));
+        }
+        return Some(leave(
+            sup,
+            socket,
+            Exit::Relaunch,
+            "daemon settings changed: systemd reloaded, relaunching (exit 75)",
+        ));
+    }
+    sup.configure(fresh);
+    release_free_memory();
+    sup.events.info("reloaded the workload definitions");
+    None
 }
 
 async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartError> {
@@ -193,7 +234,15 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
 
     loop {
         tokio::select! {
-            Some(change) = changes.recv() => sup.on_change(change).await,
+            Some(change) = changes.recv() => {
+                if change == Change::Reloaded {
+                    if let Some(exit) = reread(&mut sup, &socket, false).await {
+                        return Ok(exit);
+                    }
+                } else {
+                    sup.on_change(change).await;
+                }
+            }
             _ = fill_tick.tick(), if !sup.fill.is_empty() => {
                 sup.fill_one().await;
                 settling = settled(&sup, settling);
@@ -244,21 +293,9 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
             }
             _ = sigterm.recv() => return Ok(leave(&mut sup, &socket, Exit::Stopped, "")),
             _ = sighup.recv() => {
-                let fresh = config::load(&sup.root);
-                if binary_replaced() {
-                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                if let Some(exit) = reread(&mut sup, &socket, true).await {
+                    return Ok(exit);
                 }
-                if fresh.host.daemon != sup.host.daemon {
-                    // New unit settings (WatchdogSec) come from the generator:
-                    // reload systemd first, then ask to be relaunched under them.
-                    if let Err(e) = sup.sd.reload().await {
-                        sup.events.warn(&format!("daemon settings changed, but systemd could not be reloaded: {e}"));
-                    }
-                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "daemon settings changed: systemd reloaded, relaunching (exit 75)"));
-                }
-                sup.configure(fresh);
-                release_free_memory();
-                sup.events.info("reloaded the workload definitions");
             }
         }
     }

@@ -243,6 +243,8 @@ impl<O: Ops> Supervisor<O> {
                     self.jobs.insert(unit, (kind, Instant::now()));
                 }
             }
+            // Handled by the daemon's loop (it may relaunch).
+            Change::Reloaded => {}
             Change::Properties {
                 path,
                 observed,

@@ -54,11 +54,31 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     let started_at = rfc3339(SystemTime::now() - began.elapsed());
     let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
     let spent = deadline + BUDGET_AFTER_DEADLINE;
-    let live = match ops
-        .list_workloads(&loaded.workload_units().existing_units())
-        .await
-    {
-        Ok(live) => live,
+    let existing = loaded.workload_units().existing_units();
+    let live = match ops.list_workloads(&existing).await {
+        Ok(mut live) => {
+            // systemd lists no alias: an existing unit named by one (which
+            // check --live reports) is asked for by that name, so that it
+            // is drained all the same.
+            let unlisted: Vec<&String> = existing
+                .iter()
+                .filter(|u| !live.iter().any(|l| &l.name == *u))
+                .collect();
+            for unit in unlisted {
+                if let Ok(state) = ops.active_state(unit).await
+                    && !state.is_down()
+                {
+                    live.push(UnitStatus {
+                        name: unit.clone(),
+                        load_state: crate::systemd::LoadState::Loaded,
+                        active_state: state,
+                        sub_state: String::new(),
+                        path: String::new(),
+                    });
+                }
+            }
+            live
+        }
         Err(e) => {
             events.warn(&format!(
                 "cannot list the live workload units ({e}); stopping every configured one"

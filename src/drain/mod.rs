@@ -33,11 +33,13 @@ pub(crate) mod tests {
         std::fs::create_dir_all(&etc).unwrap();
         std::fs::write(dir.path().join("etc/berth/berth.toml"), host).unwrap();
         for (name, body) in workloads {
-            std::fs::write(
-                etc.join(format!("{name}.toml")),
-                format!("exec = [\"/bin/x\"]\n{body}"),
-            )
-            .unwrap();
+            // A body that names its unit (`unit =`) runs no command.
+            let exec = if body.starts_with("unit = ") {
+                ""
+            } else {
+                "exec = [\"/bin/x\"]\n"
+            };
+            std::fs::write(etc.join(format!("{name}.toml")), format!("{exec}{body}")).unwrap();
         }
         let root = Root::new(dir.path());
         let loaded = crate::config::load(&root);
@@ -165,6 +167,21 @@ pub(crate) mod tests {
             "at the deadline the later groups go at once, not behind the stuck one: {:?}",
             o["ok"]
         );
+    }
+
+    /// Review of issue 11: systemd lists no alias, so an existing unit
+    /// named by one looked AlreadyOff and was never stopped. It is asked
+    /// for by its name.
+    #[tokio::test(start_paused = true)]
+    async fn an_existing_unit_systemd_does_not_list_is_asked_for_and_drained() {
+        let (_d, root, loaded) = setup("", &[("db", "unit = \"mysql.service\"\nstop_delay_s = 3")]);
+        let ops = FakeOps::default();
+        ops.states
+            .borrow_mut()
+            .insert("mysql.service".into(), crate::systemd::ActiveState::Active);
+        let report = drain_now(&ops, &root, &loaded).await;
+        assert_eq!(outcomes(&report)["db"], (Outcome::GracefulOff, None));
+        assert_eq!(report.workloads[0].unit, "mysql.service");
     }
 
     #[tokio::test(start_paused = true)]

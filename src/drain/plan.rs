@@ -50,10 +50,25 @@ impl Target {
 /// the running units nobody configured.
 pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
     let units = loaded.workload_units();
-    let running: BTreeMap<&str, bool> = live
-        .iter()
-        .filter_map(|u| units.workload_of(&u.name).map(|n| (n, u.is_running())))
-        .collect();
+    let mut running: BTreeMap<&str, bool> = BTreeMap::new();
+    // Running `berth@` units no workload is: a file removed or broken,
+    // or a workload that became an existing unit (`unit =`) while its
+    // `berth@` unit ran. (name, unit), by unit.
+    let mut orphans: BTreeMap<&str, &str> = BTreeMap::new();
+    for u in live {
+        match units.workload_of(&u.name) {
+            Some(name) if loaded.workload(name).is_some() => {
+                running.insert(name, u.is_running());
+            }
+            _ => {
+                if let Some(name) = names::instance_of(&u.name)
+                    && u.is_running()
+                {
+                    orphans.insert(&u.name, name);
+                }
+            }
+        }
+    }
     let mut groups: Vec<Vec<Target>> = plan::drain_groups(&loaded.workloads)
         .into_iter()
         .map(|g| {
@@ -62,12 +77,11 @@ pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
                 .collect()
         })
         .collect();
-    let orphans: Vec<Target> = running
-        .iter()
-        .filter(|(name, running)| **running && loaded.workload(name).is_none())
-        .map(|(name, _)| Target {
+    let orphans: Vec<Target> = orphans
+        .into_iter()
+        .map(|(unit, name)| Target {
             name: name.to_string(),
-            unit: names::unit_name(name),
+            unit: unit.to_string(),
             running: true,
             stop_action: StopAction::GuestShutdown,
             stop_delay_s: loaded.host.default_stop_delay_s,
@@ -184,6 +198,39 @@ pub fn dry_run(loaded: &Loaded, live: Option<&[UnitStatus]>) -> DryRun {
 mod tests {
     use super::*;
     use crate::drain::tests::setup;
+
+    /// Review of issue 11: `berth@pg.service`, still running after pg
+    /// became an existing unit, was taken for pg (which of the two the
+    /// drain saw depended on the listing's order) and never stopped. It is
+    /// drained as an orphan, pg as its own unit, in either order.
+    #[test]
+    fn a_berth_unit_left_over_from_an_existing_units_name_is_an_orphan() {
+        let (_d, _root, loaded) = setup("", &[("pg", "unit = \"postgresql.service\"")]);
+        let up = |name: &str| UnitStatus {
+            name: name.into(),
+            load_state: crate::systemd::LoadState::Loaded,
+            active_state: crate::systemd::ActiveState::Active,
+            sub_state: String::new(),
+            path: String::new(),
+        };
+        for live in [
+            [up("berth@pg.service"), up("postgresql.service")],
+            [up("postgresql.service"), up("berth@pg.service")],
+        ] {
+            let targets: Vec<(String, String, bool, bool)> = groups(&loaded, &live)
+                .into_iter()
+                .flatten()
+                .map(|t| (t.name, t.unit, t.running, t.configured))
+                .collect();
+            assert_eq!(
+                targets,
+                [
+                    ("pg".to_string(), "postgresql.service".to_string(), true, true),
+                    ("pg".to_string(), "berth@pg.service".to_string(), true, false),
+                ]
+            );
+        }
+    }
 
     #[test]
     fn dry_run_reports_budgets_and_the_worst_case() {

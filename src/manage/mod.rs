@@ -142,9 +142,23 @@ pub async fn add<O: Ops>(
     start: bool,
 ) -> Result<Done, ChangeError> {
     let path = place.dir(root).join(format!("{name}.toml"));
-    let unit = config::check_workload_text(root, name, &path, text)
-        .map_err(ChangeError::Invalid)?
-        .unit_name();
+    let w = config::check_workload_text(root, name, &path, text).map_err(ChangeError::Invalid)?;
+    if let Some(existing) = w.existing_unit() {
+        // What only the loaded unit tells: an alias, an ordering cycle
+        // with the drain, no such unit. Refused before anything is written.
+        let problems = crate::live::takeover_check(ops, existing)
+            .await
+            .map_err(|e| ChangeError::Systemd(e.to_string()))?;
+        if !problems.is_empty() {
+            return Err(ChangeError::Invalid(
+                problems
+                    .into_iter()
+                    .map(|p| config::ConfigError::key(&path, "unit", p))
+                    .collect(),
+            ));
+        }
+    }
+    let unit = w.unit_name();
     refuse_if_stopping(ops).await?;
     let reloaded = change_then_reload(ops, root, &path, || {
         // Checked under the lock, so that two adds of one name cannot
@@ -401,6 +415,67 @@ mod tests {
             ));
             assert!(path.exists());
         }
+    }
+
+    /// Review of issue 11: an existing unit that the loaded units show
+    /// unfit (ordered before what the drain starts after, an alias, no
+    /// such unit) is refused before anything is written.
+    #[tokio::test]
+    async fn an_unfit_existing_unit_is_refused_before_anything_is_written() {
+        use crate::systemd::{LoadState, UnitTopology};
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        let loaded = |id: &str, before: &[&str]| UnitTopology {
+            load_state: LoadState::Loaded,
+            id: id.into(),
+            before: before.iter().map(|b| b.to_string()).collect(),
+            ..Default::default()
+        };
+        ops.topologies.borrow_mut().extend([
+            (
+                crate::names::DRAIN.to_string(),
+                UnitTopology {
+                    after: vec!["network.target".into()],
+                    ..loaded(crate::names::DRAIN, &[])
+                },
+            ),
+            (
+                "nm.service".to_string(),
+                loaded("nm.service", &["network.target"]),
+            ),
+            ("mysql.service".to_string(), loaded("mariadb.service", &[])),
+            (
+                "gone.service".to_string(),
+                UnitTopology {
+                    load_state: LoadState::NotFound,
+                    ..Default::default()
+                },
+            ),
+            (
+                "pg.service".to_string(),
+                loaded("pg.service", &["multi-user.target"]),
+            ),
+        ]);
+        for (unit, why) in [
+            ("nm.service", "an ordering cycle"),
+            ("mysql.service", "is an alias of mariadb.service"),
+            ("gone.service", "is not-found: there is no such unit to take over"),
+        ] {
+            let text = format!("unit = \"{unit}\"\n");
+            match add(&ops, &root, "w", &text, Place::Admin, false).await {
+                Err(ChangeError::Invalid(e)) => {
+                    assert!(e[0].to_string().contains(why), "{unit}: {e:?}");
+                    assert_eq!(e[0].key.as_deref(), Some("unit"));
+                }
+                other => panic!("{unit}: {other:?}"),
+            }
+            assert_eq!(files(&Place::Admin.dir(&root)), Vec::<String>::new());
+        }
+        assert_eq!(*ops.reloads.borrow(), 0);
+        add(&ops, &root, "pg", "unit = \"pg.service\"\n", Place::Admin, false)
+            .await
+            .unwrap();
     }
 
     /// Review of issue 11: a daemon-reload that outlasted the call's 10 s

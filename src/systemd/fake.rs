@@ -61,6 +61,8 @@ pub struct FakeOps {
     pub reload_times_out: std::cell::Cell<bool>,
     /// unit → an ActiveState other than what its running flag says.
     pub states: RefCell<HashMap<String, ActiveState>>,
+    /// unit → what topology() tells of it (else: loaded, no dependencies).
+    pub topologies: RefCell<HashMap<String, UnitTopology>>,
 }
 
 impl FakeOps {
@@ -259,6 +261,9 @@ impl Ops for FakeOps {
     }
 
     async fn topology(&self, unit: &str) -> Result<UnitTopology, SystemdError> {
+        if let Some(t) = self.topologies.borrow().get(unit) {
+            return Ok(t.clone());
+        }
         Ok(UnitTopology {
             load_state: LoadState::Loaded,
             active_state: self.active_state(unit).await?,

@@ -158,6 +158,9 @@ pub struct UnitProps {
     pub drop_in_paths: Vec<String>,
     pub refuse_manual_stop: bool,
     pub ignore_on_isolate: bool,
+    pub id: String,
+    pub before: Vec<String>,
+    pub triggered_by: Vec<String>,
     pub fragment_path: String,
     /// What a generator made the unit from (a quadlet's `.container`,
     /// an fstab line's /etc/fstab).

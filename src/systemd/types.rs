@@ -226,6 +226,12 @@ pub struct UnitTopology {
     /// Services: the cgroup its processes run in now (empty when none
     /// run): a new Slice= moves them only at the next start.
     pub control_group: String,
+    /// The unit's own name: LoadUnit of an alias answers with the unit
+    /// it stands for.
+    pub id: String,
+    pub before: Vec<String>,
+    /// Sockets, timers and paths that start it.
+    pub triggered_by: Vec<String>,
     pub fragment_path: String,
     pub source_path: String,
     /// Units that want or require this one (`WantedBy=`, `RequiredBy=`):
@@ -265,4 +271,8 @@ pub enum Change {
         job: String,
         unit: String,
     },
+    /// A daemon-reload finished: the generator ran, the workload
+    /// definitions may have changed (an admin's edit and `systemctl
+    /// daemon-reload`, not only `berth add`, which also sends SIGHUP).
+    Reloaded,
 }

@@ -115,6 +115,10 @@ fn change_of(
                 _ => None,
             }
         }
+        ("org.freedesktop.systemd1.Manager", "Reloading") if path == SYSTEMD_PATH => {
+            let (active,): (bool,) = message.body().deserialize().ok()?;
+            (!active).then_some(Change::Reloaded)
+        }
         ("org.freedesktop.systemd1.Manager", "JobNew") if path == SYSTEMD_PATH => {
             let (_id, job, unit): (u32, zbus::OwnedObjectPath, String) = message.body().deserialize().ok()?;
             Some(Change::JobNew {
@@ -338,6 +342,17 @@ mod tests {
                 job: "/org/freedesktop/systemd1/job/7".into(),
                 unit: "berth@web.service".into()
             })
+        );
+        // The end of a daemon-reload, not its start.
+        let reloading = |active: bool| {
+            zbus::Message::signal(SYSTEMD_PATH, "org.freedesktop.systemd1.Manager", "Reloading")
+                .build(&(active,))
+                .unwrap()
+        };
+        assert_eq!(change_of(&reloading(true), &mut services, &none()), None);
+        assert_eq!(
+            change_of(&reloading(false), &mut services, &none()),
+            Some(Change::Reloaded)
         );
     }
 }

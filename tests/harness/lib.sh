@@ -68,21 +68,91 @@ harness_base() {
 # harness's own test programs under /opt/berth-test.
 harness_prepare() {
     harness_base
-    log "harness: installing berth into $ROOTFS"
-    rm -rf "$ROOTFS"
-    cp -a "$BASE" "$ROOTFS"
-    make -s -C "$REPO" install DESTDIR="$ROOTFS" PREFIX=/usr BUILD_DIR="$HARNESS_DIR/build" >/dev/null
-    systemctl --root="$ROOTFS" enable berth.target >/dev/null 2>&1 || die "systemctl --root enable berth.target failed"
-    # What a package's trigger does, so that journalctl -x explains berth's records.
-    journalctl --root="$ROOTFS" --update-catalog || die "journalctl --update-catalog failed"
-    install -d "$ROOTFS/opt/berth-test"
-    install -m755 "$REPO"/tests/harness/bin/* "$ROOTFS/opt/berth-test/"
-    # Existing services an admin runs (installed, not enabled), for the
-    # `unit =` workloads of scenario 20.
-    install -m644 "$REPO"/tests/harness/units/*.service "$ROOTFS/etc/systemd/system/"
-    # Nothing but what a test asks for: no getty on the console.
-    systemctl --root="$ROOTFS" mask console-getty.service >/dev/null 2>&1 || true
+    harness_install "$BASE" "$ROOTFS"
     touch "$HARNESS_DIR/.prepared"
+}
+
+# harness_install FROM TO: TO becomes a copy of the root FROM with berth
+# and the harness's test programs and units installed.
+harness_install() {
+    local from=$1 to=$2
+    log "harness: installing berth into $to"
+    rm -rf "$to"
+    cp -a "$from" "$to"
+    make -s -C "$REPO" install DESTDIR="$to" PREFIX=/usr BUILD_DIR="$HARNESS_DIR/build" >/dev/null
+    systemctl --root="$to" enable berth.target >/dev/null 2>&1 || die "systemctl --root enable berth.target failed"
+    # What a package's trigger does, so that journalctl -x explains berth's records.
+    journalctl --root="$to" --update-catalog || die "journalctl --update-catalog failed"
+    install -d "$to/opt/berth-test"
+    install -m755 "$REPO"/tests/harness/bin/* "$to/opt/berth-test/"
+    # Existing services an admin runs (installed, not enabled), for the
+    # `unit =` workloads of scenarios 20 and 21.
+    install -m644 "$REPO"/tests/harness/units/*.service "$to/etc/systemd/system/"
+    # Nothing but what a test asks for: no getty on the console.
+    systemctl --root="$to" mask console-getty.service >/dev/null 2>&1 || true
+}
+
+# A root with rootful podman and a local image (busybox, no registry), for
+# the container scenarios: the base plus podman, built once per recipe;
+# then, like ROOTFS, a copy with berth installed. The quadlets of
+# tests/harness/containers go to /etc/containers/systemd (trixie's podman
+# 5 generates their units; bookworm's 4.3 has no quadlet).
+PODMAN_BASE=$HARNESS_DIR/base-$SUITE-podman
+PODMAN_ROOTFS=$HARNESS_DIR/root-$SUITE-podman
+# What podman needs of nspawn here: bpf(2) through nspawn's seccomp filter
+# (the device cgroup program) and CAP_NET_ADMIN (a container's own network
+# namespace brings up lo, even with --network=none); and, on a host with
+# the hybrid cgroup layout, a pure cgroup2 tree in the container
+# (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1), where the runtime can make its
+# cgroups.
+PODMAN_NSPAWN_OPTS=(--system-call-filter=bpf --capability=CAP_NET_ADMIN)
+harness_podman_root() {
+    harness_base
+    # bookworm's crun 1.8.1 cannot start a container under nspawn (it
+    # raises RLIMIT_MEMLOCK and is refused): runc there.
+    local packages="podman busybox-static"
+    [ "$SUITE" != bookworm ] || packages="$packages runc"
+    local stamp="$SUITE $INCLUDE + $packages, vfs, localhost/berth-test v1"
+    if ! { [ -f "$PODMAN_BASE/.berth-harness" ] && [ "$(cat "$PODMAN_BASE/.berth-harness")" = "$stamp" ]; }; then
+        log "harness: podman into $PODMAN_BASE (about 30 s)"
+        rm -rf "$PODMAN_BASE" "$PODMAN_BASE.tmp"
+        cp -a "$BASE" "$PODMAN_BASE.tmp"
+        local r=$PODMAN_BASE.tmp c=$REPO/tests/harness/containers
+        install -d "$r/etc/containers/containers.conf.d" "$r/var/tmp/image/bin" "$r/var/tmp/image/out" \
+            "$r/var/tmp/image/tmp"
+        install -m644 "$c/storage.conf" "$r/etc/containers/storage.conf"
+        install -m644 "$c/50-nspawn.conf" "$r/etc/containers/containers.conf.d/50-nspawn.conf"
+        install -m755 "$c/graceful" "$r/var/tmp/image/bin/graceful"
+        # In a mount namespace of its own: apt needs /proc; podman's import
+        # needs / to be a mount point and /sys. No service starts in it.
+        unshare -m --propagation private sh -euc '
+            r=$1; packages=$2
+            mount --bind "$r" "$r"
+            mount -t proc proc "$r/proc"
+            mount --rbind /sys "$r/sys"
+            mount -t tmpfs tmpfs "$r/run"
+            printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
+            chmod 755 "$r/usr/sbin/policy-rc.d"
+            chroot "$r" apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+            chroot "$r" apt-get clean
+            rm "$r/usr/sbin/policy-rc.d"
+            cp "$r/bin/busybox" "$r/var/tmp/image/bin/busybox"
+            for a in sh sleep cat echo; do ln -s busybox "$r/var/tmp/image/bin/$a"; done
+            chmod 1777 "$r/var/tmp/image/tmp"
+            tar -C "$r/var/tmp/image" --numeric-owner --owner=0 --group=0 -cf "$r/var/tmp/image.tar" .
+            PODMAN_IGNORE_CGROUPSV1_WARNING=1 chroot "$r" podman import --quiet /var/tmp/image.tar \
+                localhost/berth-test:latest
+        ' sh "$r" "$packages" >"$HARNESS_DIR/podman-$SUITE.log" 2>&1 \
+            || die "installing podman failed; see $HARNESS_DIR/podman-$SUITE.log"
+        rm -rf "$r/var/tmp/image" "$r/var/tmp/image.tar"
+        printf '%s\n' "$stamp" >"$r/.berth-harness"
+        mv "$r" "$PODMAN_BASE"
+    fi
+    harness_install "$PODMAN_BASE" "$PODMAN_ROOTFS"
+    install -d "$PODMAN_ROOTFS/etc/containers/systemd"
+    install -m644 "$REPO"/tests/harness/containers/*.service "$PODMAN_ROOTFS/etc/systemd/system/"
+    install -m644 "$REPO"/tests/harness/containers/*.container "$PODMAN_ROOTFS/etc/containers/systemd/"
 }
 
 # ---------------------------------------------------------------------------
@@ -124,6 +194,8 @@ ct_boot() {
     # (a host of its own, e.g. a copy of $BASE to install a package into),
     # with only /out bound; its /etc/berth, state and journal are its own.
     [ -z "${CT_ROOT:-}" ] || root=(-D "$CT_ROOT")
+    # CT_NSPAWN_OPTS: more options for nspawn itself (podman's needs).
+    root+=(${CT_NSPAWN_OPTS[@]+"${CT_NSPAWN_OPTS[@]}"})
     systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
         --machine="$CT_NAME" \
         --bind="$CT_DIR/out:/out" \

@@ -68,7 +68,7 @@ ct systemctl enable legacy-db.service >/dev/null 2>&1
 run berth check --live
 check_eq "enabled by the admin: check --live exits 1" 1 "$rc"
 check_contains "... naming its file and who wants it" \
-    "legacy-db.service (/etc/systemd/system/legacy-db.service) is wanted by multi-user.target" "$out"
+    "legacy-db.service (/etc/systemd/system/legacy-db.service) is wanted or triggered by multi-user.target" "$out"
 ct systemctl disable legacy-db.service >/dev/null 2>&1
 
 # Running before berth knew it: the slice moves at its next start.
@@ -88,6 +88,31 @@ check_eq "remove of a running existing unit: exit 0 (it goes back to its own rul
 check_eq "... still running" active "$(ct_prop legacy-late.service ActiveState)"
 check_contains "... with its default dependencies again" shutdown.target "$(ct_prop legacy-late.service Conflicts)"
 ct systemctl stop legacy-late.service
+
+# Refused before anything is written: a unit the network needs (an
+# ordering cycle with the drain), an alias (systemd lists no alias).
+run berth add net --unit legacy-net.service
+check_eq "a unit ordered before network.target is refused" 1 "$rc"
+check_contains "... naming the cycle" \
+    "legacy-net.service has Before=network.target, and berth-drain.service is After=network.target" "$out"
+ct ln -s /etc/systemd/system/legacy-db.service /etc/systemd/system/legacy-alias.service
+ct systemctl daemon-reload
+run berth add al --unit legacy-alias.service
+check_eq "an alias is refused" 1 "$rc"
+check_contains "... naming the unit it stands for" "legacy-alias.service is an alias of legacy-db.service" "$out"
+check "... leaving nothing behind" test ! -e "$CT_DIR/etc-berth/workloads/net.toml" -a ! -e "$CT_DIR/etc-berth/workloads/al.toml"
+
+# A file written by hand and `systemctl daemon-reload`, no SIGHUP: the
+# daemon follows the new existing unit from the end of the reload.
+printf 'unit = "legacy-late.service"\n' >"$CT_DIR/etc-berth/workloads/late2.toml"
+ct systemctl daemon-reload
+check "the daemon read the definitions at the end of the reload" \
+    wait_for 5 sh -c "journalctl --directory='$(find "$CT_DIR/journal" -mindepth 1 -maxdepth 1 -type d | head -n1)' -u berth-daemon.service -o cat | grep -q 'reloaded the workload definitions'"
+ct systemctl start legacy-late.service
+check "its start is recorded as start-user" wait_for 5 sh -c "grep -q '\"start-user\"' '$CT_DIR/state/records/late2.json'"
+ct systemctl stop legacy-late.service
+rm "$CT_DIR/etc-berth/workloads/late2.toml"
+ct systemctl daemon-reload
 
 # A stop that reaches the unit through PartOf= cannot be removed by a drop-in.
 run berth add part --unit legacy-part.service
