@@ -86,7 +86,7 @@ harness_install() {
     install -d "$to/opt/berth-test"
     install -m755 "$REPO"/tests/harness/bin/* "$to/opt/berth-test/"
     # Existing services an admin runs (installed, not enabled), for the
-    # `unit =` workloads of scenarios 20 and 21.
+    # `unit =` workloads of scenarios 20 and 24.
     install -m644 "$REPO"/tests/harness/units/*.service "$to/etc/systemd/system/"
     # Nothing but what a test asks for: no getty on the console.
     systemctl --root="$to" mask console-getty.service >/dev/null 2>&1 || true

@@ -6,7 +6,7 @@
 # alone by a daemon restart, drained gracefully at power-off. check --live
 # reports a podman stop shorter than the workload's stop_delay_s.
 source "$(dirname "$0")/../lib.sh"
-scenario_begin 21-containers
+scenario_begin 24-containers
 
 harness_podman_root
 ROOTFS=$PODMAN_ROOTFS
