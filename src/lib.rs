@@ -19,6 +19,7 @@ pub mod drain;
 pub mod events;
 pub mod generator;
 pub mod install;
+pub mod libvirt;
 pub mod live;
 pub mod log;
 pub mod manage;

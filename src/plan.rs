@@ -124,6 +124,10 @@ pub fn drain_after(host: &HostSettings, workloads: &[Workload]) -> Vec<String> {
     let mut units: BTreeSet<&str> = DRAIN_BASE_AFTER.iter().copied().collect();
     units.extend(host.drain_after.iter().map(String::as_str));
     let existing: BTreeSet<&str> = workloads.iter().filter_map(Workload::existing_unit).collect();
+    if workloads.iter().any(|w| w.libvirt_domain().is_some()) {
+        units.extend(crate::libvirt::DAEMON_UNITS.iter().copied());
+        units.extend(crate::libvirt::DRAIN_AFTER.iter().copied());
+    }
     for w in workloads {
         for u in w.after.iter().chain(&w.wants) {
             if !u.starts_with("berth@") && !existing.contains(u.as_str()) {
@@ -132,6 +136,19 @@ pub fn drain_after(host: &HostSettings, workloads: &[Workload]) -> Vec<String> {
         }
     }
     units.into_iter().map(str::to_string).collect()
+}
+
+/// What berth-drain.service wants besides: libvirt's shutdown target when
+/// a workload is a libvirt guest (see [`crate::libvirt::DRAIN_WANTS`]).
+pub fn drain_wants(workloads: &[Workload]) -> Vec<String> {
+    if workloads.iter().any(|w| w.libvirt_domain().is_some()) {
+        crate::libvirt::DRAIN_WANTS
+            .iter()
+            .map(|u| u.to_string())
+            .collect()
+    } else {
+        Vec::new()
+    }
 }
 
 /// How long the drain may wait for one workload: its stop delay, or

@@ -213,8 +213,18 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
         let _ = writeln!(unit_lines, "Wants={u}");
     }
 
+    let guest;
     let (exec, stop_exec) = match &w.kind {
         WorkloadKind::Command { exec, stop_exec } => (exec, stop_exec),
+        WorkloadKind::Libvirt { domain } => {
+            // libvirt's daemons and their sockets, whichever this libvirt
+            // has: ordered after, so that they outlive the guest's unit.
+            for u in crate::libvirt::DAEMON_UNITS {
+                let _ = writeln!(unit_lines, "After={u}");
+            }
+            guest = guest_argv(w, domain);
+            (&guest, &None)
+        }
         WorkloadKind::Existing { unit } => {
             return fill(
                 EXISTING_TEMPLATE,
@@ -232,7 +242,8 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
     if let Some(stop) = stop_exec {
         let _ = writeln!(service_lines, "ExecStop={}", exec_line(stop));
     }
-    if w.ready == Readiness::Notify {
+    // `berth guest` says READY=1 once the domain runs.
+    if w.ready == Readiness::Notify || w.libvirt_domain().is_some() {
         service_lines.push_str("Type=notify\nNotifyAccess=main\n");
     }
     if let Some(probe) = &w.ready_exec {
@@ -266,6 +277,26 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
             ("service_lines", &service_lines),
         ],
     )
+}
+
+/// `berth guest DOMAIN …`: what a libvirt workload's unit runs. `berth`
+/// by name: systemd finds it in its search path (/usr/bin or
+/// /usr/local/bin alike), so the generator needs no install prefix.
+fn guest_argv(w: &Workload, domain: &str) -> Vec<String> {
+    let mut argv = vec![
+        "berth".to_string(),
+        "guest".into(),
+        domain.into(),
+        "--stop-delay".into(),
+        w.stop_delay_s.to_string(),
+    ];
+    if w.stop_action == crate::config::StopAction::PowerOff {
+        argv.push("--power-off".into());
+    }
+    if !w.force_off_on_timeout {
+        argv.push("--no-force-off".into());
+    }
+    argv
 }
 
 /// The unit's stop timeout and the `[service]` pass-through: the lines
@@ -319,6 +350,9 @@ fn sources(root: &Root, loaded: &Loaded) -> String {
 
 pub fn drain_drop_in(root: &Root, loaded: &Loaded) -> String {
     let mut after_lines = String::new();
+    for u in plan::drain_wants(&loaded.workloads) {
+        let _ = writeln!(after_lines, "Wants={u}");
+    }
     for u in plan::drain_after(&loaded.host, &loaded.workloads) {
         let _ = writeln!(after_lines, "After={u}");
     }

@@ -201,8 +201,9 @@ pub fn check_report(loaded: &Loaded) -> String {
         out.push_str(&format!("order {}:\n", group[0].order));
         for w in group {
             let runs = match &w.kind {
-                WorkloadKind::Command { exec, .. } => exec[0].as_str(),
-                WorkloadKind::Existing { .. } => "an existing unit, its own command",
+                WorkloadKind::Command { exec, .. } => exec[0].clone(),
+                WorkloadKind::Existing { .. } => "an existing unit, its own command".to_string(),
+                WorkloadKind::Libvirt { domain } => format!("libvirt domain {domain}"),
             };
             let stop = match w.stop_action {
                 config::StopAction::PowerOff => "power_off".to_string(),

@@ -159,6 +159,17 @@ enum Verb {
     /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
     #[command(hide = true)]
     NotConfigured { name: String },
+    /// ExecStart of a libvirt workload's unit: starts or adopts the domain and follows it.
+    #[command(hide = true)]
+    Guest {
+        domain: String,
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        stop_delay: u64,
+        #[arg(long)]
+        power_off: bool,
+        #[arg(long)]
+        no_force_off: bool,
+    },
 }
 
 pub fn main() -> i32 {
@@ -184,6 +195,19 @@ pub fn main() -> i32 {
         } => with_root(root, |r| check::run(r, dir, live, json)),
         Verb::Autostart => with_root(root, lifecycle::autostart),
         Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
+        Verb::Guest {
+            domain,
+            stop_delay,
+            power_off,
+            no_force_off,
+        } => crate::libvirt::guest::run(
+            &domain,
+            &crate::libvirt::guest::Policy {
+                stop_delay: std::time::Duration::from_secs(stop_delay),
+                power_off,
+                force_off: !no_force_off,
+            },
+        ),
         Verb::Drain { last: true, json, .. } => with_root(root, |r| drain::last(r, json)),
         Verb::Drain {
             dry_run: true, json, ..

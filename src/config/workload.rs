@@ -63,6 +63,11 @@ pub enum WorkloadKind {
     /// An existing service unit, put under berth's rules by a drop-in: it
     /// keeps its own command, type, stop and readiness.
     Existing { unit: String },
+    /// A libvirt domain (`qemu:///system`): `berth@NAME.service` runs
+    /// `berth guest`, which starts or adopts the guest, follows it, and
+    /// stops it by ACPI or destroys it as the workload says. QEMU itself
+    /// runs in libvirt's machine scope.
+    Libvirt { domain: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +100,7 @@ pub struct Workload {
 impl Workload {
     pub fn unit_name(&self) -> String {
         match &self.kind {
-            WorkloadKind::Command { .. } => unit_name(&self.name),
+            WorkloadKind::Command { .. } | WorkloadKind::Libvirt { .. } => unit_name(&self.name),
             WorkloadKind::Existing { unit } => unit.clone(),
         }
     }
@@ -104,8 +109,56 @@ impl Workload {
     pub fn existing_unit(&self) -> Option<&str> {
         match &self.kind {
             WorkloadKind::Existing { unit } => Some(unit),
-            WorkloadKind::Command { .. } => None,
+            _ => None,
         }
+    }
+
+    /// The libvirt domain this workload is (`libvirt =`), if it is one.
+    pub fn libvirt_domain(&self) -> Option<&str> {
+        match &self.kind {
+            WorkloadKind::Libvirt { domain } => Some(domain),
+            _ => None,
+        }
+    }
+}
+
+/// Keys that mean nothing for a libvirt guest: its unit runs `berth
+/// guest` as root, QEMU runs in libvirt's machine scope, and readiness is
+/// the domain running.
+const LIBVIRT_REFUSED_KEYS: &[&str] = &[
+    "stop_exec",
+    "ready",
+    "ready_exec",
+    "environment",
+    "user",
+    "group",
+    "service",
+];
+
+/// The longest libvirt domain name berth accepts.
+pub const MAX_DOMAIN_LEN: usize = 128;
+
+/// A libvirt domain name as berth accepts it: `[A-Za-z0-9][A-Za-z0-9_.+:-]*`,
+/// at most [`MAX_DOMAIN_LEN`] bytes. libvirt allows more (spaces, most
+/// punctuation), but the name goes on command lines and into messages;
+/// never a leading `-`, which virsh would read as an option.
+fn libvirt_domain(r: &mut Reader, domain: String) -> Option<String> {
+    let ok = domain.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && domain.len() <= MAX_DOMAIN_LEN
+        && domain
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '+' | ':' | '-'));
+    if ok {
+        Some(domain)
+    } else {
+        r.error(
+            "libvirt",
+            format!(
+                "{domain:?} is not a domain name berth accepts: 1-{MAX_DOMAIN_LEN} characters from A-Z a-z 0-9 _ . + : -, \
+                 starting with a letter or digit"
+            ),
+        );
+        None
     }
 }
 
@@ -161,6 +214,7 @@ fn existing_unit(r: &mut Reader, unit: String) -> Option<String> {
 const WORKLOAD_KEYS: &[&str] = &[
     "exec",
     "unit",
+    "libvirt",
     "description",
     "autostart",
     "order",
@@ -203,12 +257,18 @@ fn from_table(
 ) -> Result<Workload, Vec<ConfigError>> {
     let origin = Origin::single(path);
     let mut r = Reader::new(table, "", &origin);
-    let mut errors = Vec::new();
+    let errors = Vec::new();
 
+    let libvirt = r.opt_text("libvirt");
+    if let Some(domain) = libvirt {
+        let kind = libvirt_kind(&mut r, domain, host);
+        return finish(name, path, r, errors, kind, host);
+    }
     let unit = r.opt_text("unit");
     let kind = match (r.take("exec"), unit) {
-        // A `unit` of the wrong type is reported as such, not as missing.
-        (None, None) if table.contains_key("unit") => None,
+        // A `unit` or `libvirt` of the wrong type is reported as such,
+        // not as a missing exec.
+        (None, None) if table.contains_key("unit") || table.contains_key("libvirt") => None,
         (None, None) => {
             r.error(
                 "exec",
@@ -243,6 +303,18 @@ fn from_table(
         }
     };
 
+    finish(name, path, r, errors, kind, host)
+}
+
+/// The keys every kind shares, and the workload.
+fn finish(
+    name: &str,
+    path: &Path,
+    mut r: Reader,
+    mut errors: Vec<ConfigError>,
+    kind: Option<WorkloadKind>,
+    host: &HostSettings,
+) -> Result<Workload, Vec<ConfigError>> {
     let description = r.opt_text("description").and_then(|d| {
         // systemd strips ASCII whitespace around a value; what remains is
         // what must not end in a backslash (that would continue the line).
@@ -377,6 +449,34 @@ fn from_table(
         }),
         _ => Err(errors),
     }
+}
+
+/// A `libvirt =` workload: its domain, with the keys that do not apply
+/// refused.
+fn libvirt_kind(r: &mut Reader, domain: String, host: &HostSettings) -> Option<WorkloadKind> {
+    for key in ["exec", "unit"] {
+        if r.take(key).is_some() {
+            r.error(
+                key,
+                "and libvirt are both set: a workload is one of a command (exec), an existing unit (unit) or a libvirt guest (libvirt)",
+            );
+        }
+    }
+    for key in LIBVIRT_REFUSED_KEYS {
+        if r.take(key).is_some() {
+            r.error(
+                key,
+                "does not apply to a libvirt guest: QEMU runs in libvirt's machine scope; set it in the domain (virsh edit)",
+            );
+        }
+    }
+    if host.manager == Manager::User {
+        r.error(
+            "libvirt",
+            "is for the system manager: a user manager's qemu:///session has no machine scopes to order",
+        );
+    }
+    libvirt_domain(r, domain).map(|domain| WorkloadKind::Libvirt { domain })
 }
 
 /// An argv for `exec`/`stop_exec`: a non-empty list of strings whose first
@@ -765,6 +865,46 @@ mod tests {
             let e = load_text(text).unwrap_err();
             assert_eq!(e, [message], "{text}");
         }
+    }
+
+    /// `libvirt =`: each input carries what it must give.
+    #[test]
+    fn libvirt_guests() {
+        let w = load_text("libvirt = \"vm-1.prod\"\nstop_delay_s = 120\norder = 3").unwrap();
+        assert_eq!(w.libvirt_domain(), Some("vm-1.prod"));
+        assert_eq!(w.unit_name(), "berth@web.service");
+        assert_eq!(w.existing_unit(), None);
+        for (text, message) in [
+            (
+                "libvirt = \"-c\"",
+                "D/web.toml: libvirt: \"-c\" is not a domain name berth accepts: 1-128 characters from A-Z a-z 0-9 _ . + : -, starting with a letter or digit",
+            ),
+            (
+                "libvirt = \"a b\"",
+                "D/web.toml: libvirt: \"a b\" is not a domain name berth accepts: 1-128 characters from A-Z a-z 0-9 _ . + : -, starting with a letter or digit",
+            ),
+            (
+                "libvirt = \"vm\"\nexec = [\"/bin/true\"]",
+                "D/web.toml: exec: and libvirt are both set: a workload is one of a command (exec), an existing unit (unit) or a libvirt guest (libvirt)",
+            ),
+            (
+                "libvirt = \"vm\"\nuser = \"nobody\"",
+                "D/web.toml: user: does not apply to a libvirt guest: QEMU runs in libvirt's machine scope; set it in the domain (virsh edit)",
+            ),
+            (
+                "libvirt = \"vm\"\n[service]\nMemoryMax = \"1G\"",
+                "D/web.toml: service: does not apply to a libvirt guest: QEMU runs in libvirt's machine scope; set it in the domain (virsh edit)",
+            ),
+            (
+                "libvirt = 7",
+                "D/web.toml: libvirt: must be a string, not integer",
+            ),
+        ] {
+            let e = load_text(text).unwrap_err();
+            assert_eq!(e, [message], "{text}");
+        }
+        let long = format!("libvirt = \"{}\"", "v".repeat(MAX_DOMAIN_LEN + 1));
+        assert!(load_text(&long).is_err());
     }
 
     #[test]

@@ -346,12 +346,22 @@ type Done = (Outcome, Option<&'static str>, Option<String>);
 /// How long a forced stop may take to complete once SIGKILL was sent.
 const FORCE_SETTLE: Duration = Duration::from_secs(10);
 
+/// Forces `t` off: SIGKILL to every process of its unit, or, for a
+/// libvirt guest, its watcher asked to destroy the guest.
+async fn force<O: Ops>(ops: &O, t: &Target) -> Result<(), SystemdError> {
+    if t.guest {
+        ops.ask_to_destroy(&t.unit).await
+    } else {
+        ops.kill(&t.unit).await
+    }
+}
+
 async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<Done, SystemdError> {
     if t.stop_action == StopAction::PowerOff {
         // Killed at once, deadline or not, force-off setting or not: that
         // is what power_off asks for. A failed kill (the processes already
         // gone) still gets its stop.
-        let killed = ops.kill(&t.unit).await;
+        let killed = force(ops, t).await;
         let job = ops.stop(&t.unit).await?;
         let result = ops.wait(&job, Some(FORCE_SETTLE)).await;
         return Ok(match (result, killed) {
@@ -438,7 +448,7 @@ async fn force_or_abandon<O: Ops>(
         }
         return Ok((Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT"), None));
     }
-    if let Err(e) = ops.kill(&t.unit).await
+    if let Err(e) = force(ops, t).await
         && !e.is_gone()
     {
         return Err(e);

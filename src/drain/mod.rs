@@ -33,8 +33,8 @@ pub(crate) mod tests {
         std::fs::create_dir_all(&etc).unwrap();
         std::fs::write(dir.path().join("etc/berth/berth.toml"), host).unwrap();
         for (name, body) in workloads {
-            // A body that names its unit (`unit =`) runs no command.
-            let exec = if body.starts_with("unit = ") {
+            // A body that names its unit or domain runs no command.
+            let exec = if body.starts_with("unit = ") || body.starts_with("libvirt = ") {
                 ""
             } else {
                 "exec = [\"/bin/x\"]\n"
@@ -182,6 +182,37 @@ pub(crate) mod tests {
         let report = drain_now(&ops, &root, &loaded).await;
         assert_eq!(outcomes(&report)["db"], (Outcome::GracefulOff, None));
         assert_eq!(report.workloads[0].unit, "mysql.service");
+    }
+
+    /// A libvirt guest that ignores ACPI is forced off by its watcher
+    /// (virsh destroy), never by SIGKILL to its unit, which would end the
+    /// watcher and leave QEMU running in libvirt's machine scope.
+    #[tokio::test(start_paused = true)]
+    async fn a_guest_ignoring_acpi_is_destroyed_by_its_watcher_at_its_stop_delay() {
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("vm", "libvirt = \"vm\"\nstop_delay_s = 3"),
+                ("zap", "libvirt = \"zap\"\nstop_action = \"power_off\""),
+            ],
+        );
+        let ops = FakeOps::default().unit("vm", true, Behaviour::IgnoresTerm).unit(
+            "zap",
+            true,
+            Behaviour::IgnoresTerm,
+        );
+        let report = drain_now(&ops, &root, &loaded).await;
+        let o = outcomes(&report);
+        assert_eq!(o["vm"], (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF")));
+        assert_eq!(o["zap"].0, Outcome::PoweredOff);
+        assert!(
+            ops.killed.borrow().is_empty(),
+            "no SIGKILL: {:?}",
+            ops.killed.borrow()
+        );
+        let mut asked = ops.destroy_asked.borrow().clone();
+        asked.sort();
+        assert_eq!(asked, ["berth@vm.service", "berth@zap.service"]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -22,6 +22,10 @@ pub struct Target {
     pub stop_delay_s: u64,
     pub force_off_on_timeout: bool,
     pub configured: bool,
+    /// A libvirt guest: forced off by its watcher (`virsh destroy`), not
+    /// by SIGKILL, which would leave QEMU running in its machine scope.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub guest: bool,
 }
 
 impl Target {
@@ -34,6 +38,7 @@ impl Target {
             stop_delay_s: w.stop_delay_s,
             force_off_on_timeout: w.force_off_on_timeout,
             configured: true,
+            guest: w.libvirt_domain().is_some(),
         }
     }
 
@@ -87,6 +92,7 @@ pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
             stop_delay_s: loaded.host.default_stop_delay_s,
             force_off_on_timeout: loaded.host.force_off_on_timeout,
             configured: false,
+            guest: false,
         })
         .collect();
     if !orphans.is_empty() {

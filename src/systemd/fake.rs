@@ -38,6 +38,8 @@ pub struct FakeOps {
     /// (unit, verb, begin, end) for every finished job.
     pub spans: RefCell<Vec<(String, &'static str, Instant, Instant)>>,
     pub killed: RefCell<Vec<String>>,
+    /// Units whose guest watcher was asked to destroy its guest.
+    pub destroy_asked: RefCell<Vec<String>>,
     /// Units whose main process was sent SIGHUP.
     pub hung_up: RefCell<Vec<String>>,
     pub cancelled: RefCell<Vec<String>>,
@@ -81,7 +83,8 @@ impl FakeOps {
             .map(|u| u.1)
             .unwrap_or(Behaviour::Takes(Duration::ZERO));
         let now = Instant::now();
-        let dead = self.killed.borrow().iter().any(|k| k == unit);
+        let dead = self.killed.borrow().iter().any(|k| k == unit)
+            || self.destroy_asked.borrow().iter().any(|k| k == unit);
         let done_at = match behaviour {
             _ if dead && verb == "stop" => Some(now),
             Behaviour::Takes(d) => Some(now + d),
@@ -198,6 +201,18 @@ impl Ops for FakeOps {
 
     async fn hang_up(&self, unit: &str) -> Result<(), SystemdError> {
         self.hung_up.borrow_mut().push(unit.into());
+        Ok(())
+    }
+
+    /// A guest's watcher destroys its guest and ends: as a kill does.
+    async fn ask_to_destroy(&self, unit: &str) -> Result<(), SystemdError> {
+        self.destroy_asked.borrow_mut().push(unit.into());
+        let now = Instant::now();
+        for job in self.jobs.borrow_mut().iter_mut() {
+            if job.unit == unit && job.result.is_none() {
+                job.done_at = Some(now);
+            }
+        }
         Ok(())
     }
 

@@ -39,6 +39,9 @@ pub trait Ops {
     /// SIGHUP to the unit's main process (`systemctl kill -s HUP
     /// --kill-whom=main`).
     async fn hang_up(&self, unit: &str) -> Result<(), SystemdError>;
+    /// SIGUSR2 to the unit's main process: a libvirt guest's watcher
+    /// destroys its guest at once (the drain's force-off for a guest).
+    async fn ask_to_destroy(&self, unit: &str) -> Result<(), SystemdError>;
     async fn cancel(&self, unit: &str, job: &Job) -> Result<(), SystemdError>;
     /// Waits for a job to finish, up to `limit`; `None` on timeout.
     async fn wait(&self, job: &Job, limit: Option<Duration>) -> Option<JobResult>;
@@ -242,6 +245,12 @@ impl Ops for Systemd {
 
     async fn hang_up(&self, unit: &str) -> Result<(), SystemdError> {
         self.bounded("KillUnit", unit, self.manager.kill_unit(unit, "main", 1))
+            .await
+    }
+
+    async fn ask_to_destroy(&self, unit: &str) -> Result<(), SystemdError> {
+        let usr2 = nix::sys::signal::Signal::SIGUSR2 as i32;
+        self.bounded("KillUnit", unit, self.manager.kill_unit(unit, "main", usr2))
             .await
     }
 

@@ -1,0 +1,217 @@
+//! `berth guest DOMAIN`: what a libvirt workload's unit
+//! (`berth@NAME.service`, Type=notify) runs. It starts the domain, or
+//! adopts it when it runs already (a managed save is restored by the
+//! start), says READY=1, and follows it: the unit ends when the guest
+//! does, so systemd, the autostart, the drain and the daemon see the
+//! guest's life in the unit's. SIGTERM (a stop of the unit) stops the
+//! guest by its policy: ACPI shutdown, then destroy at its stop delay
+//! unless force-off is off; with --power-off, destroy at once. SIGUSR2
+//! destroys at once: the drain's force-off (its SIGKILL would end this
+//! process and leave QEMU, in libvirt's machine scope, running).
+//!
+//! What the guest does not react to ACPI in: paused (resumed first),
+//! pmsuspended (woken first), crashed (destroyed: nothing to stop).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+
+use super::{CALL_LIMIT, DomainState, VirshError, state, virsh};
+use crate::events::Events;
+
+/// How often the guest's state is read while it runs: its end shows in
+/// the unit this much later at most.
+const FOLLOW_EVERY: Duration = Duration::from_secs(2);
+/// How often during a graceful stop: the state, and the ACPI request
+/// again (a guest early in its boot may miss the first).
+const STOP_POLL: Duration = Duration::from_millis(500);
+const ACPI_AGAIN: Duration = Duration::from_secs(15);
+/// How long a destroyed guest may take to show as shut off.
+const DESTROY_SETTLE: Duration = Duration::from_secs(10);
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static DESTROY: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_term(_: nix::libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+extern "C" fn on_destroy(_: nix::libc::c_int) {
+    DESTROY.store(true, Ordering::SeqCst);
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// How the unit asked for this guest to be stopped.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub stop_delay: Duration,
+    pub power_off: bool,
+    pub force_off: bool,
+}
+
+/// Runs the watcher; the process's exit status.
+pub fn run(domain: &str, policy: &Policy) -> i32 {
+    let events = Events::new("berth-guest");
+    for (signal, handler) in [
+        (Signal::SIGTERM, on_term as extern "C" fn(nix::libc::c_int)),
+        (Signal::SIGINT, on_term),
+        (Signal::SIGUSR2, on_destroy),
+    ] {
+        let action = SigAction::new(SigHandler::Handler(handler), SaFlags::SA_RESTART, SigSet::empty());
+        // SAFETY: the handlers only store to atomics (async-signal-safe).
+        if let Err(e) = unsafe { sigaction(signal, &action) } {
+            events.warn(&format!("guest {domain}: cannot handle {signal}: {e}"));
+            return 1;
+        }
+    }
+    match state(domain) {
+        Ok(s) if s.is_up() => events.info(&format!("guest {domain} runs already ({s:?}): adopted")),
+        Ok(_) => {
+            if let Err(e) = virsh(&["start", "--domain", domain], CALL_LIMIT) {
+                events.warn(&format!("guest {domain}: start failed: {e}"));
+                return 1;
+            }
+            events.info(&format!("guest {domain} started"));
+        }
+        Err(e) => {
+            events.warn(&format!("guest {domain}: cannot read its state: {e}"));
+            return 1;
+        }
+    }
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("guest {domain} running")),
+    ]);
+    follow(domain, policy, &events)
+}
+
+/// Until the guest ends or the unit is stopped.
+fn follow(domain: &str, policy: &Policy, events: &Events) -> i32 {
+    let mut unreachable_said = false;
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return stop(domain, policy, events);
+        }
+        match state(domain) {
+            Ok(DomainState::ShutOff) => {
+                events.info(&format!("guest {domain} is shut off"));
+                return 0;
+            }
+            Ok(DomainState::Crashed) => {
+                events.warn(&format!("guest {domain} crashed"));
+                return 1;
+            }
+            Ok(_) => unreachable_said = false,
+            // A libvirt daemon restarting is no end of the guest.
+            Err(e) => {
+                if !unreachable_said {
+                    events.warn(&format!(
+                        "guest {domain}: cannot read its state ({e}); still following"
+                    ));
+                    unreachable_said = true;
+                }
+            }
+        }
+        sleep_unless_signalled(FOLLOW_EVERY);
+    }
+}
+
+fn sleep_unless_signalled(d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The stop the unit asked for; 0 once the guest is shut off.
+fn stop(domain: &str, policy: &Policy, events: &Events) -> i32 {
+    let now = match state(domain) {
+        Ok(s) => s,
+        Err(e) => {
+            events.warn(&format!("guest {domain}: cannot read its state to stop it: {e}"));
+            return 1;
+        }
+    };
+    if now == DomainState::ShutOff {
+        return 0;
+    }
+    if policy.power_off || now == DomainState::Crashed || DESTROY.load(Ordering::SeqCst) {
+        return destroy(domain, events, "as asked");
+    }
+    // Neither reacts to ACPI: woken first.
+    let wake = match now {
+        DomainState::Paused => Some("resume"),
+        DomainState::PmSuspended => Some("dompmwakeup"),
+        _ => None,
+    };
+    if let Some(verb) = wake
+        && let Err(e) = virsh(&[verb, "--domain", domain], CALL_LIMIT)
+    {
+        events.warn(&format!(
+            "guest {domain} is {now:?} and `virsh {verb}` failed: {e}"
+        ));
+    }
+    let began = Instant::now();
+    let mut asked: Option<Instant> = None;
+    loop {
+        if DESTROY.load(Ordering::SeqCst) {
+            return destroy(domain, events, "on the drain's force-off");
+        }
+        if policy.force_off && began.elapsed() >= policy.stop_delay {
+            return destroy(
+                domain,
+                events,
+                &format!(
+                    "not down after its stop delay of {} s",
+                    policy.stop_delay.as_secs()
+                ),
+            );
+        }
+        if asked.is_none_or(|t| t.elapsed() >= ACPI_AGAIN) {
+            match virsh(&["shutdown", "--domain", domain, "--mode", "acpi"], CALL_LIMIT) {
+                Ok(_) if asked.is_none() => events.info(&format!("guest {domain}: ACPI shutdown sent")),
+                Ok(_) => {}
+                Err(e) => events.warn(&format!("guest {domain}: ACPI shutdown failed: {e}")),
+            }
+            asked = Some(Instant::now());
+        }
+        match state(domain) {
+            Ok(DomainState::ShutOff) => {
+                events.info(&format!(
+                    "guest {domain} shut down after {:.1} s",
+                    began.elapsed().as_secs_f64()
+                ));
+                return 0;
+            }
+            Ok(DomainState::Crashed) => return destroy(domain, events, "it crashed while stopping"),
+            _ => {}
+        }
+        std::thread::sleep(STOP_POLL);
+    }
+}
+
+/// `virsh destroy`, then until it shows as shut off.
+fn destroy(domain: &str, events: &Events, why: &str) -> i32 {
+    match virsh(&["destroy", "--domain", domain], CALL_LIMIT) {
+        Ok(_) => events.warn(&format!("guest {domain} destroyed: {why}")),
+        // Gone in between: what was asked.
+        Err(VirshError::Failed(e)) if e.contains("not running") => {}
+        Err(e) => {
+            events.warn(&format!("guest {domain}: destroy failed ({why}): {e}"));
+            return 1;
+        }
+    }
+    let until = Instant::now() + DESTROY_SETTLE;
+    while Instant::now() < until {
+        if matches!(state(domain), Ok(s) if !s.is_up()) {
+            return 0;
+        }
+        std::thread::sleep(STOP_POLL);
+    }
+    events.warn(&format!(
+        "guest {domain} still not shut off {} s after destroy",
+        DESTROY_SETTLE.as_secs()
+    ));
+    1
+}

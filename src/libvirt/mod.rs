@@ -1,0 +1,171 @@
+//! libvirt guests as workloads: `virsh` with a time limit on every call,
+//! the domain states berth acts on, and the watcher a guest's unit runs
+//! ([`guest`]). berth talks to libvirt only from a guest's own unit, so
+//! the drain never wakes a libvirt daemon that exited idle.
+
+pub mod guest;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// libvirt's daemons (monolithic libvirtd on Debian 12, modular virtqemud
+/// later), their sockets and the log daemon: what a guest's unit and the
+/// drain are ordered after, so that they outlive the guests at shutdown.
+pub const DAEMON_UNITS: &[&str] = &[
+    "libvirtd.service",
+    "libvirtd.socket",
+    "virtqemud.service",
+    "virtqemud.socket",
+    "virtlogd.service",
+    "virtlogd.socket",
+];
+
+/// What the drain adds when a workload is a libvirt guest. libvirt orders
+/// each machine scope `Before=virt-guest-shutdown.target`, which is only
+/// active when something wants it: the drain wants it and is ordered
+/// after it, so every guest's scope is stopped after the drain. And the
+/// drain is ordered after libvirt-guests.service (Debian enables it), so
+/// that at shutdown the drain runs first.
+pub const DRAIN_AFTER: &[&str] = &["virt-guest-shutdown.target", "libvirt-guests.service"];
+pub const DRAIN_WANTS: &[&str] = &["virt-guest-shutdown.target"];
+
+/// The connection: the system instance (a user manager's session
+/// instance has no machine scopes).
+pub const URI: &str = "qemu:///system";
+
+/// How long one virsh call may take before it is killed: libvirt answers
+/// in milliseconds, but a hung daemon must not hang a stop.
+pub const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A domain's state as `virsh domstate` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DomainState {
+    Running,
+    /// "idle" and "blocked": running, waiting on something.
+    Idle,
+    Paused,
+    InShutdown,
+    ShutOff,
+    Crashed,
+    PmSuspended,
+    Other(String),
+}
+
+impl DomainState {
+    pub fn parse(text: &str) -> DomainState {
+        match text.trim() {
+            "running" => DomainState::Running,
+            "idle" | "blocked" => DomainState::Idle,
+            "paused" => DomainState::Paused,
+            "in shutdown" => DomainState::InShutdown,
+            "shut off" => DomainState::ShutOff,
+            "crashed" => DomainState::Crashed,
+            "pmsuspended" => DomainState::PmSuspended,
+            other => DomainState::Other(other.to_string()),
+        }
+    }
+
+    /// QEMU runs (or is being torn down): the guest is up as far as
+    /// its unit is concerned.
+    pub fn is_up(&self) -> bool {
+        !matches!(self, DomainState::ShutOff | DomainState::Crashed)
+    }
+}
+
+/// Why a virsh call did not give an answer.
+#[derive(Debug)]
+pub enum VirshError {
+    /// It could not be run at all (virsh missing).
+    Spawn(std::io::Error),
+    /// Still running after the limit: killed.
+    TimedOut(Duration),
+    /// It exited non-zero: what it said on stderr.
+    Failed(String),
+}
+
+impl std::fmt::Display for VirshError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VirshError::Spawn(e) => write!(f, "cannot run virsh: {e}"),
+            VirshError::TimedOut(d) => write!(f, "virsh gave no answer within {} s", d.as_secs()),
+            VirshError::Failed(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for VirshError {}
+
+/// `virsh -c qemu:///system ARGS…`, killed after `limit`; its standard
+/// output on success. The domain name is always an option's value
+/// (`--domain NAME`), never a bare word virsh could read as an option.
+pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
+    let mut child = Command::new("virsh")
+        .args(["--quiet", "-c", URI])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(VirshError::Spawn)?;
+    let began = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if began.elapsed() >= limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(VirshError::TimedOut(limit));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(VirshError::Spawn(e)),
+        }
+    };
+    // virsh's answers are a few lines: the pipes never fill before exit.
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    if status.success() {
+        Ok(out)
+    } else {
+        let why = err.trim().trim_start_matches("error: ").replace('\n', "; ");
+        Err(VirshError::Failed(if why.is_empty() {
+            format!("virsh {} exited with {status}", args.first().unwrap_or(&""))
+        } else {
+            why
+        }))
+    }
+}
+
+/// The domain's state.
+pub fn state(domain: &str) -> Result<DomainState, VirshError> {
+    virsh(&["domstate", "--domain", domain], CALL_LIMIT).map(|s| DomainState::parse(&s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domain_states_as_virsh_prints_them() {
+        for (text, state, up) in [
+            ("running\n\n", DomainState::Running, true),
+            ("idle", DomainState::Idle, true),
+            ("blocked", DomainState::Idle, true),
+            ("paused", DomainState::Paused, true),
+            ("in shutdown", DomainState::InShutdown, true),
+            ("shut off\n", DomainState::ShutOff, false),
+            ("crashed", DomainState::Crashed, false),
+            ("pmsuspended", DomainState::PmSuspended, true),
+            ("dying", DomainState::Other("dying".into()), true),
+        ] {
+            let parsed = DomainState::parse(text);
+            assert_eq!((&parsed, parsed.is_up()), (&state, up), "{text:?}");
+        }
+    }
+}

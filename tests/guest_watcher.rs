@@ -1,0 +1,220 @@
+//! `berth guest`, the watcher a libvirt workload's unit runs, against a
+//! stand-in `virsh` (a script keeping the domain's state in a file and
+//! logging every call). The state machine is what is tested here: start
+//! or adopt, READY=1, the unit ending with the guest, ACPI then destroy at
+//! the stop delay, destroy at once on SIGUSR2 or with --power-off, a
+//! paused guest resumed first. The real libvirt and QEMU are the container
+//! scenario's.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::berth_bin;
+
+/// A fake virsh: `--quiet -c URI VERB --domain D [...]`. The state is in
+/// $VLAB/state; `shutdown` shuts the guest off unless $VLAB/ignore-acpi
+/// exists; every call is appended to $VLAB/calls.
+const FAKE_VIRSH: &str = r#"#!/bin/sh
+shift 3
+verb=$1
+echo "$*" >>"$VLAB/calls"
+state=$(cat "$VLAB/state")
+case "$verb" in
+    domstate) echo "$state" ;;
+    start) echo running >"$VLAB/state" ;;
+    shutdown) [ -e "$VLAB/ignore-acpi" ] || echo "shut off" >"$VLAB/state" ;;
+    destroy)
+        if [ "$state" = "shut off" ]; then echo "error: Requested operation is not valid: domain is not running" >&2; exit 1; fi
+        echo "shut off" >"$VLAB/state" ;;
+    resume) echo running >"$VLAB/state" ;;
+    *) echo "error: unknown verb $verb" >&2; exit 1 ;;
+esac
+"#;
+
+struct Lab {
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    fn new(state: &str) -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let virsh = bin.join("virsh");
+        std::fs::write(&virsh, FAKE_VIRSH).unwrap();
+        std::fs::set_permissions(&virsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("state"), format!("{state}\n")).unwrap();
+        Lab { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn state(&self) -> String {
+        std::fs::read_to_string(self.path("state"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    fn set_state(&self, s: &str) {
+        std::fs::write(self.path("state"), format!("{s}\n")).unwrap();
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.starts_with("domstate"))
+            .collect()
+    }
+
+    /// `berth guest vm ARGS`, with NOTIFY_SOCKET on a socket of ours.
+    fn spawn(&self, args: &[&str]) -> (Child, UnixDatagram) {
+        let sock_path = self.path("notify");
+        let sock = UnixDatagram::bind(&sock_path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let path = format!(
+            "{}:{}",
+            self.path("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let child = Command::new(berth_bin())
+            .args(["guest", "vm"])
+            .args(args)
+            .env("PATH", path)
+            .env("VLAB", self.dir.path())
+            .env("NOTIFY_SOCKET", &sock_path)
+            .spawn()
+            .unwrap();
+        (child, sock)
+    }
+}
+
+fn ready(sock: &UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = sock.recv(&mut buf).expect("a notification within 10 s");
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}
+
+fn exit_within(child: &mut Child, limit: Duration) -> i32 {
+    let began = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            panic!("berth guest still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+#[test]
+fn a_guest_is_started_said_ready_and_its_end_ends_the_unit() {
+    let lab = Lab::new("shut off");
+    let (mut child, sock) = lab.spawn(&[]);
+    assert!(ready(&sock).contains("READY=1"));
+    assert_eq!(lab.state(), "running");
+    assert_eq!(lab.calls(), ["start --domain vm"]);
+    lab.set_state("shut off");
+    assert_eq!(
+        exit_within(&mut child, Duration::from_secs(5)),
+        0,
+        "the guest shut itself down"
+    );
+}
+
+#[test]
+fn a_running_guest_is_adopted_and_a_crash_fails_the_unit() {
+    let lab = Lab::new("running");
+    let (mut child, sock) = lab.spawn(&[]);
+    assert!(ready(&sock).contains("READY=1"));
+    assert!(lab.calls().is_empty(), "adopted, not started: {:?}", lab.calls());
+    lab.set_state("crashed");
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 1);
+}
+
+#[test]
+fn a_stop_is_an_acpi_shutdown() {
+    let lab = Lab::new("running");
+    let (mut child, sock) = lab.spawn(&["--stop-delay", "30"]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(lab.calls(), ["shutdown --domain vm --mode acpi"]);
+}
+
+#[test]
+fn a_guest_ignoring_acpi_is_destroyed_at_its_stop_delay_unless_force_off_is_off() {
+    let lab = Lab::new("running");
+    std::fs::write(lab.path("ignore-acpi"), "").unwrap();
+    let (mut child, sock) = lab.spawn(&["--stop-delay", "1"]);
+    ready(&sock);
+    let began = Instant::now();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(10)), 0);
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "destroyed at the delay, not before"
+    );
+    assert_eq!(
+        lab.calls(),
+        ["shutdown --domain vm --mode acpi", "destroy --domain vm"]
+    );
+
+    // Without force-off it keeps waiting; the drain's SIGUSR2 destroys it.
+    let lab = Lab::new("running");
+    std::fs::write(lab.path("ignore-acpi"), "").unwrap();
+    let (mut child, sock) = lab.spawn(&["--stop-delay", "1", "--no-force-off"]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(child.try_wait().unwrap(), None, "still waiting past its delay");
+    assert_eq!(lab.state(), "running");
+    signal(&child, nix::sys::signal::Signal::SIGUSR2);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(
+        lab.calls().last().map(String::as_str),
+        Some("destroy --domain vm")
+    );
+}
+
+#[test]
+fn power_off_destroys_at_once_and_a_paused_guest_is_resumed_before_acpi() {
+    let lab = Lab::new("running");
+    let (mut child, sock) = lab.spawn(&["--power-off"]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(lab.calls(), ["destroy --domain vm"]);
+
+    let lab = Lab::new("paused");
+    let (mut child, sock) = lab.spawn(&[]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(
+        lab.calls(),
+        ["resume --domain vm", "shutdown --domain vm --mode acpi"]
+    );
+}
+
+#[test]
+fn a_domain_that_cannot_be_read_fails_the_start() {
+    let lab = Lab::new("running");
+    std::fs::remove_file(lab.path("bin/virsh")).unwrap();
+    let (mut child, _sock) = lab.spawn(&[]);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 1);
+}
