@@ -155,6 +155,110 @@ harness_podman_root() {
     install -m644 "$REPO"/tests/harness/containers/*.container "$PODMAN_ROOTFS/etc/containers/systemd/"
 }
 
+# A root with libvirt and QEMU (TCG: nested KVM does not work here) and
+# machined, so that guests run in machine-qemu scopes; and a test guest
+# built from the suite's own packages: the Debian cloud kernel and a
+# busybox initramfs (tests/harness/guests), with an empty ext4 disk. Built
+# once per recipe, like the bases. The guests' domains are defined in the
+# root (/etc/libvirt/qemu) from tests/harness/guests/domain.xml, their
+# files under /vm (a directory the scenario binds there).
+VIRT_BASE=$HARNESS_DIR/base-$SUITE-libvirt
+VIRT_ROOTFS=$HARNESS_DIR/root-$SUITE-libvirt
+GUEST_DIR=$HARNESS_DIR/guest-$SUITE
+harness_libvirt_root() {
+    harness_base
+    local packages="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container"
+    local g=$REPO/tests/harness/guests
+    local stamp="$SUITE $INCLUDE + $packages; guest $(cat "$g/init" "$g/power-button" | cksum | cut -d' ' -f1) v1"
+    if ! { [ -f "$VIRT_BASE/.berth-harness" ] && [ "$(cat "$VIRT_BASE/.berth-harness")" = "$stamp" ]; }; then
+        log "harness: libvirt, QEMU and a test guest into $VIRT_BASE (about a minute)"
+        rm -rf "$VIRT_BASE" "$VIRT_BASE.tmp" "$GUEST_DIR" "$GUEST_DIR.tmp"
+        cp -a "$BASE" "$VIRT_BASE.tmp"
+        local r=$VIRT_BASE.tmp
+        unshare -m --propagation private sh -euc '
+            r=$1; packages=$2
+            mount --bind "$r" "$r"
+            mount -t proc proc "$r/proc"
+            printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
+            chmod 755 "$r/usr/sbin/policy-rc.d"
+            chroot "$r" apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+            # The guest: downloaded, not installed.
+            kernel=$(chroot "$r" apt-cache depends linux-image-cloud-amd64 | awk "/Depends: linux-image-/ { print \$2; exit }")
+            mkdir -p "$r/var/tmp/debs"
+            chroot "$r" sh -c "cd /var/tmp/debs && apt-get download -q $kernel busybox-static"
+            chroot "$r" apt-get clean
+            rm "$r/usr/sbin/policy-rc.d"
+        ' sh "$r" "$packages" >"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
+            || die "installing libvirt failed; see $HARNESS_DIR/libvirt-$SUITE.log"
+        cat "$g/qemu.conf" >>"$r/etc/libvirt/qemu.conf"
+        # No default network: it would make a bridge in the host's namespace.
+        rm -f "$r/etc/libvirt/qemu/networks/autostart/default.xml"
+        harness_guest "$r/var/tmp/debs" "$GUEST_DIR.tmp" >>"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
+            || die "building the test guest failed; see $HARNESS_DIR/libvirt-$SUITE.log"
+        rm -rf "$r/var/tmp/debs"
+        printf '%s\n' "$stamp" >"$r/.berth-harness"
+        mv "$GUEST_DIR.tmp" "$GUEST_DIR"
+        mv "$r" "$VIRT_BASE"
+    fi
+    harness_install "$VIRT_BASE" "$VIRT_ROOTFS"
+}
+
+# harness_guest DEBS OUT: OUT/vmlinuz, OUT/initrd.gz and OUT/disk.img (empty
+# ext4, 64 MiB) from the kernel and busybox-static packages in DEBS.
+harness_guest() {
+    local debs=$1 out=$2 x
+    x=$(mktemp -d)
+    mkdir -p "$out"
+    dpkg-deb -x "$debs"/linux-image-*.deb "$x/k"
+    dpkg-deb -x "$debs"/busybox-static_*.deb "$x/b"
+    # trixie's packages ship /usr/lib/modules and /usr/bin (merged /usr).
+    local kver bb i=$x/initramfs mods=$x/k/lib/modules
+    [ -d "$mods" ] || mods=$x/k/usr/lib/modules
+    bb=$x/b/bin/busybox
+    [ -e "$bb" ] || bb=$x/b/usr/bin/busybox
+    kver=$(ls "$mods")
+    cp "$x/k/boot/vmlinuz-$kver" "$out/vmlinuz"
+    mkdir -p "$i"/{bin,dev,proc,sys,mnt,tmp,var/log,etc/acpi/PWRF,lib/modules/$kver}
+    cp "$bb" "$i/bin/busybox"
+    ln -s busybox "$i/bin/sh"
+    # The modules the guest loads, with their dependencies (each module's
+    # depends= field), uncompressed for busybox's modprobe.
+    local m=$mods/$kver
+    add_module() {
+        local f dep
+        # Built in (virtio_pci in trixie's cloud kernel): nothing to add.
+        grep -q "/$1\.ko\$" "$m/modules.builtin" 2>/dev/null && return 0
+        f=$(cd "$m" && find kernel -name "$1.ko" -o -name "$1.ko.xz" | head -n1)
+        [ -n "$f" ] || { log "guest: no module $1"; return 1; }
+        local dest=$i/lib/modules/$kver/${f%.xz}
+        [ -e "$dest" ] && return 0
+        mkdir -p "$(dirname "$dest")"
+        case "$f" in
+            *.xz) "$bb" unxz -c "$m/$f" >"$dest" ;;
+            *) cp "$m/$f" "$dest" ;;
+        esac
+        for dep in $(grep -ao 'depends=[a-z0-9_,-]*' "$dest" | cut -d= -f2 | tr , ' '); do
+            add_module "$dep" || return 1
+        done
+    }
+    for mod in virtio_pci virtio_blk button evdev; do add_module "$mod" || return 1; done
+    "$bb" depmod -b "$i" "$kver"
+    install -m755 "$REPO/tests/harness/guests/init" "$i/init"
+    install -m755 "$REPO/tests/harness/guests/power-button" "$i/etc/acpi/PWRF/00000080"
+    (cd "$i" && find . | sort | "$bb" cpio -o -H newc 2>/dev/null) | gzip -9 >"$out/initrd.gz"
+    truncate -s 64M "$out/disk.img"
+    mkfs.ext4 -q -L guest "$out/disk.img"
+    rm -rf "$x"
+}
+
+# harness_define_guest NAME [CMDLINE]: a persistent domain NAME in the
+# libvirt root, its disk /vm/NAME.img, its console log /vm/NAME.serial.
+harness_define_guest() {
+    sed "s|@NAME@|$1|g; s|@CMDLINE@|${2:-}|" "$REPO/tests/harness/guests/domain.xml" \
+        >"$VIRT_ROOTFS/etc/libvirt/qemu/$1.xml"
+}
+
 # ---------------------------------------------------------------------------
 # Containers. One at a time per scenario; state in CT_* variables.
 # ---------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 12: libvirt guests as workloads, with a real QEMU guest (TCG) under
+# libvirt and machined. At boot the autostart starts the guests in order
+# (QEMU in a machine-qemu scope, its unit following it); a daemon restart
+# leaves QEMU alone; at power-off the drain runs before libvirt stops the
+# machine scopes: the guest gets ACPI, unmounts its disk and powers off
+# (GracefulOff, a clean ext4 from the host), and the guest that ignores
+# ACPI is destroyed at its stop delay (ForcedOff).
+source "$(dirname "$0")/../lib.sh"
+scenario_begin 25-libvirt
+
+harness_libvirt_root
+harness_define_guest berth-vm1
+harness_define_guest berth-vm2 ignore_acpi=1
+ROOTFS=$VIRT_ROOTFS
+# The guests' files, bound as /vm: kernel, initramfs, a disk and a console
+# log each (outside CT_DIR, which ct_boot empties).
+VM=$HARNESS_DIR/run/libvirt-vm
+rm -rf "$VM"
+mkdir -p "$VM"
+chmod 755 "$VM"
+cp "$GUEST_DIR/vmlinuz" "$GUEST_DIR/initrd.gz" "$VM/"
+for g in berth-vm1 berth-vm2; do cp "$GUEST_DIR/disk.img" "$VM/$g.img"; done
+CT_NSPAWN_OPTS=(--bind="$VM:/vm")
+run() { out=$(ct "$@" 2>&1) && rc=0 || rc=$?; }
+
+ct_boot libvirt "$REPO/tests/harness/config/libvirt"
+ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
+
+for w in vm stubborn app; do
+    check_eq "berth@$w started by the autostart" active "$(ct_prop "berth@$w.service" ActiveState)"
+done
+vm_up=$(ct_prop berth@vm.service ActiveEnterTimestampMonotonic)
+app_start=$(ct_prop berth@app.service ExecMainStartTimestampMonotonic)
+check "the next group started once the guest ran ($vm_up <= $app_start)" test "$vm_up" -le "$app_start"
+check_eq "the domain runs" running "$(ct virsh -q domstate berth-vm1 | head -n1)"
+qemu=$(ct cat /run/libvirt/qemu/berth-vm1.pid)
+check_contains "QEMU ($qemu) runs in a machine scope, not in the unit" 'machine.slice/machine-qemu' \
+    "$(ct cat "/proc/$qemu/cgroup")"
+check "the guest booted and mounted its disk" wait_for 60 grep -q "guest: disk mounted rw" "$VM/berth-vm1.serial"
+check_contains "the drain wants virt-guest-shutdown.target" virt-guest-shutdown.target "$(ct_prop berth-drain.service Wants)"
+check_contains "... is ordered after it and libvirt-guests.service" libvirt-guests.service "$(ct_prop berth-drain.service After)"
+run berth check --live
+check_eq "check --live: exit 0" 0 "$rc"
+
+# A daemon restart leaves QEMU and the unit's watcher alone.
+watcher=$(ct_prop berth@vm.service MainPID)
+ct systemctl restart berth-daemon.service
+ct systemctl is-active --wait berth-daemon.service >/dev/null 2>&1 || true
+check_eq "a daemon restart left QEMU running: same pid" "$qemu" "$(ct cat /run/libvirt/qemu/berth-vm1.pid)"
+check_eq "... and the watcher" "$watcher" "$(ct_prop berth@vm.service MainPID)"
+
+ct_poweroff 180
+check "power-off completed" test -z "$CT_PID"
+check "outcomes: the guest GracefulOff, the stubborn one ForcedOff at its delay (last-drain.json)" \
+    python3 - "$CT_DIR" <<'PY'
+import json, sys
+report = json.load(open(f"{sys.argv[1]}/state/last-drain.json"))
+got = {w["workload"]: (w["outcome"], w.get("code")) for w in report["workloads"]}
+want = {"vm": ("GracefulOff", None), "stubborn": ("ForcedOff", "E_DRAIN_FORCED_OFF"), "app": ("GracefulOff", None)}
+assert got == want, f"{got} != {want}"
+w = {x["workload"]: x for x in report["workloads"]}
+assert 3000 <= w["stubborn"]["elapsed_ms"] < 13000, f"forced after {w['stubborn']['elapsed_ms']} ms, delay 3 s"
+assert w["vm"]["started_ms"] >= w["app"]["started_ms"] + w["app"]["elapsed_ms"], "the guest stopped before app was down"
+PY
+serial=$(cat "$VM/berth-vm1.serial")
+check_contains "the guest got the ACPI power button" "guest: acpi power button, shutting down" "$serial"
+check_contains "... and unmounted its disk" "guest: disk unmounted" "$serial"
+state=$(dumpe2fs -h "$VM/berth-vm1.img" 2>/dev/null)
+check_contains "its disk is clean from the host" "Filesystem state:         clean" "$state"
+check_lacks "... and needs no journal recovery" needs_recovery "$(printf '%s\n' "$state" | grep '^Filesystem features:')"
+check_lacks "the stubborn guest never got the button handled" "acpi power button" "$(cat "$VM/berth-vm2.serial")"
+check_contains "the drain said so on the console" "berth: berth@stubborn.service ForcedOff" \
+    "$(sed 's/\x1b\[[0-9;]*m//g' "$CT_DIR/console.log" | tr -d '\r')"
