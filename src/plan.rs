@@ -156,7 +156,7 @@ pub fn drain_wants(workloads: &[Workload]) -> Vec<String> {
 pub fn budget_s(w: &Workload) -> u64 {
     match w.stop_action {
         StopAction::PowerOff => 0,
-        StopAction::GuestShutdown => w.stop_delay_s,
+        StopAction::GuestShutdown | StopAction::Save => w.stop_delay_s,
     }
 }
 

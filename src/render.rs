@@ -246,6 +246,16 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
     if w.ready == Readiness::Notify || w.libvirt_domain().is_some() {
         service_lines.push_str("Type=notify\nNotifyAccess=main\n");
     }
+    if w.libvirt_domain().is_some() {
+        // How a guest's stop ended (saved, or shut down after a failed
+        // save) is its exit status: neither is a failure of the unit.
+        let _ = writeln!(
+            service_lines,
+            "SuccessExitStatus={} {}",
+            crate::libvirt::guest::EXIT_SAVED,
+            crate::libvirt::guest::EXIT_SAVE_FAILED
+        );
+    }
     if let Some(probe) = &w.ready_exec {
         let _ = writeln!(
             service_lines,
@@ -290,8 +300,10 @@ fn guest_argv(w: &Workload, domain: &str) -> Vec<String> {
         "--stop-delay".into(),
         w.stop_delay_s.to_string(),
     ];
-    if w.stop_action == crate::config::StopAction::PowerOff {
-        argv.push("--power-off".into());
+    match w.stop_action {
+        crate::config::StopAction::PowerOff => argv.push("--power-off".into()),
+        crate::config::StopAction::Save => argv.push("--save".into()),
+        crate::config::StopAction::GuestShutdown => {}
     }
     if !w.force_off_on_timeout {
         argv.push("--no-force-off".into());

@@ -354,7 +354,7 @@ fn add_refuses_bad_input_before_asking_systemd() {
     );
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("etc/berth/workloads/web.toml: stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\""),
+        stderr(&o).contains("etc/berth/workloads/web.toml: stop_action: must be \"guest_shutdown\", \"power_off\" or \"save\", not \"halt\""),
         "{}",
         stderr(&o)
     );

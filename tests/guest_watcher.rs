@@ -31,6 +31,9 @@ case "$verb" in
         if [ "$state" = "shut off" ]; then echo "error: Requested operation is not valid: domain is not running" >&2; exit 1; fi
         echo "shut off" >"$VLAB/state" ;;
     resume) echo running >"$VLAB/state" ;;
+    managedsave)
+        if [ -e "$VLAB/save-fails" ]; then echo "error: Requested operation is not supported: domain has assigned non-USB host devices" >&2; exit 1; fi
+        echo "shut off" >"$VLAB/state" ;;
     *) echo "error: unknown verb $verb" >&2; exit 1 ;;
 esac
 "#;
@@ -90,6 +93,7 @@ impl Lab {
             .args(args)
             .env("PATH", path)
             .env("VLAB", self.dir.path())
+            .env("BERTH_ROOT", self.dir.path())
             .env("NOTIFY_SOCKET", &sock_path)
             .spawn()
             .unwrap();
@@ -217,4 +221,38 @@ fn a_domain_that_cannot_be_read_fails_the_start() {
     std::fs::remove_file(lab.path("bin/virsh")).unwrap();
     let (mut child, _sock) = lab.spawn(&[]);
     assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 1);
+}
+
+#[test]
+fn save_is_a_managed_save_and_a_failed_one_falls_back_to_acpi() {
+    let lab = Lab::new("running");
+    let (mut child, sock) = lab.spawn(&["--save"]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 3, "EXIT_SAVED");
+    assert_eq!(lab.calls(), ["managedsave --domain vm"]);
+    let left = |lab: &Lab| std::fs::read_to_string(lab.path("run/berthd/guests/vm")).unwrap_or_default();
+    assert_eq!(left(&lab), "saved\n", "for the drain's outcome");
+
+    // A guest that cannot be saved (host devices) is shut down at once.
+    let lab = Lab::new("running");
+    std::fs::write(lab.path("save-fails"), "").unwrap();
+    let (mut child, sock) = lab.spawn(&["--save", "--stop-delay", "30"]);
+    ready(&sock);
+    let began = Instant::now();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        exit_within(&mut child, Duration::from_secs(5)),
+        4,
+        "EXIT_SAVE_FAILED"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "at once, not after the delay"
+    );
+    assert_eq!(
+        lab.calls(),
+        ["managedsave --domain vm", "shutdown --domain vm --mode acpi"]
+    );
+    assert_eq!(left(&lab), "save-failed\n");
 }

@@ -103,7 +103,7 @@ fn check_live(root: &Root) -> i32 {
         stop_delay_s: loaded
             .workloads
             .iter()
-            .filter(|w| w.stop_action == config::StopAction::GuestShutdown)
+            .filter(|w| w.stop_action != config::StopAction::PowerOff)
             .map(|w| (w.unit_name(), w.stop_delay_s))
             .collect(),
     };
@@ -207,8 +207,9 @@ pub fn check_report(loaded: &Loaded) -> String {
             };
             let stop = match w.stop_action {
                 config::StopAction::PowerOff => "power_off".to_string(),
-                config::StopAction::GuestShutdown => format!(
-                    "guest_shutdown within {}s{}",
+                config::StopAction::GuestShutdown | config::StopAction::Save => format!(
+                    "{} within {}s{}",
+                    w.stop_action.as_str(),
                     w.stop_delay_s,
                     if w.force_off_on_timeout {
                         ", then force off"

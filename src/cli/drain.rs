@@ -115,8 +115,13 @@ fn dry_run_text(plan: &DryRun) -> String {
                 t.unit,
                 if t.running { "running" } else { "not running" },
                 match (t.stop_action, t.stop_delay_s) {
-                    (StopAction::GuestShutdown, Some(delay)) => format!(
-                        "stop, wait up to {delay} s, then {}",
+                    (StopAction::GuestShutdown | StopAction::Save, Some(delay)) => format!(
+                        "{}, wait up to {delay} s, then {}",
+                        if t.stop_action == StopAction::Save {
+                            "save"
+                        } else {
+                            "stop"
+                        },
                         if t.force_off_on_timeout == Some(true) {
                             "force off"
                         } else {

@@ -165,10 +165,12 @@ enum Verb {
         domain: String,
         #[arg(long, value_name = "SECONDS", default_value_t = 60)]
         stop_delay: u64,
-        #[arg(long)]
+        #[arg(long, conflicts_with = "save")]
         power_off: bool,
         #[arg(long)]
         no_force_off: bool,
+        #[arg(long)]
+        save: bool,
     },
 }
 
@@ -200,14 +202,19 @@ pub fn main() -> i32 {
             stop_delay,
             power_off,
             no_force_off,
-        } => crate::libvirt::guest::run(
-            &domain,
-            &crate::libvirt::guest::Policy {
-                stop_delay: std::time::Duration::from_secs(stop_delay),
-                power_off,
-                force_off: !no_force_off,
-            },
-        ),
+            save,
+        } => with_root(root, |r| {
+            crate::libvirt::guest::run(
+                r,
+                &domain,
+                &crate::libvirt::guest::Policy {
+                    stop_delay: std::time::Duration::from_secs(stop_delay),
+                    power_off,
+                    force_off: !no_force_off,
+                    save,
+                },
+            )
+        }),
         Verb::Drain { last: true, json, .. } => with_root(root, |r| drain::last(r, json)),
         Verb::Drain {
             dry_run: true, json, ..

@@ -19,6 +19,10 @@ pub enum StopAction {
     GuestShutdown,
     /// Kill it at once: for workloads whose state is disposable.
     PowerOff,
+    /// A libvirt guest: managed save (`virsh managedsave`), resumed from
+    /// its saved state at its next start; a save that fails or outlives
+    /// the stop delay falls back to guest_shutdown.
+    Save,
 }
 
 impl StopAction {
@@ -26,6 +30,7 @@ impl StopAction {
         match self {
             StopAction::GuestShutdown => "guest_shutdown",
             StopAction::PowerOff => "power_off",
+            StopAction::Save => "save",
         }
     }
 }
@@ -336,10 +341,18 @@ fn finish(
     let stop_action = match r.opt_text("stop_action").as_deref() {
         None | Some("guest_shutdown") => StopAction::GuestShutdown,
         Some("power_off") => StopAction::PowerOff,
+        Some("save") if matches!(kind, Some(WorkloadKind::Libvirt { .. }) | None) => StopAction::Save,
+        Some("save") => {
+            r.error(
+                "stop_action",
+                "\"save\" is for libvirt guests (a managed save); use \"guest_shutdown\" or \"power_off\"",
+            );
+            StopAction::GuestShutdown
+        }
         Some(other) => {
             r.error(
                 "stop_action",
-                format!("must be \"guest_shutdown\" or \"power_off\", not {other:?}"),
+                format!("must be \"guest_shutdown\", \"power_off\" or \"save\", not {other:?}"),
             );
             StopAction::GuestShutdown
         }
@@ -795,7 +808,9 @@ mod tests {
             e.iter()
                 .any(|m| m == "D/web.toml: order: must be an integer, not string")
         );
-        assert!(e.iter().any(|m| m.contains("stop_action: must be \"guest_shutdown\" or \"power_off\", not \"halt\"")));
+        assert!(e.iter().any(|m| {
+            m.contains("stop_action: must be \"guest_shutdown\", \"power_off\" or \"save\", not \"halt\"")
+        }));
         assert!(e.iter().any(|m| m.starts_with("D/web.toml: foo: unknown key")));
     }
 
@@ -899,10 +914,16 @@ mod tests {
                 "libvirt = 7",
                 "D/web.toml: libvirt: must be a string, not integer",
             ),
+            (
+                "unit = \"db.service\"\nstop_action = \"save\"",
+                "D/web.toml: stop_action: \"save\" is for libvirt guests (a managed save); use \"guest_shutdown\" or \"power_off\"",
+            ),
         ] {
             let e = load_text(text).unwrap_err();
             assert_eq!(e, [message], "{text}");
         }
+        let w = load_text("libvirt = \"vm\"\nstop_action = \"save\"").unwrap();
+        assert_eq!(w.stop_action, StopAction::Save);
         let long = format!("libvirt = \"{}\"", "v".repeat(MAX_DOMAIN_LEN + 1));
         assert!(load_text(&long).is_err());
     }

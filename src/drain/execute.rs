@@ -324,7 +324,7 @@ async fn stop_one<O: Ops>(
     let (outcome, code, detail) = if !t.running {
         (Outcome::AlreadyOff, None, None)
     } else {
-        match stop_running(ops, &t, deadline).await {
+        match stop_running(ops, root, &t, deadline).await {
             Ok(done) => done,
             Err(e) => (Outcome::Failed, Some("E_SYSTEMD"), Some(e.to_string())),
         }
@@ -346,17 +346,42 @@ type Done = (Outcome, Option<&'static str>, Option<String>);
 /// How long a forced stop may take to complete once SIGKILL was sent.
 const FORCE_SETTLE: Duration = Duration::from_secs(10);
 
+/// How a guest's stop ended, as its watcher left it in the runtime
+/// directory (not its exit status: systemd unloads an inactive unit, and
+/// its ExecMainStatus with it): saved, or shut down after a failed save.
+fn guest_outcome(root: Option<&Root>, t: &Target) -> Done {
+    use crate::libvirt::guest::{StopEnd, take_stop_end};
+    let end = match (root, &t.guest) {
+        (Some(root), Some(domain)) => take_stop_end(&root.runtime_dir(), domain),
+        _ => None,
+    };
+    match end {
+        Some(StopEnd::Saved) => (Outcome::Saved, None, None),
+        Some(StopEnd::SaveFailed) => (
+            Outcome::GracefulOff,
+            Some("E_DRAIN_SAVE_FAILED"),
+            Some("the managed save failed; the guest was shut down instead".into()),
+        ),
+        _ => (Outcome::GracefulOff, None, None),
+    }
+}
+
 /// Forces `t` off: SIGKILL to every process of its unit, or, for a
 /// libvirt guest, its watcher asked to destroy the guest.
 async fn force<O: Ops>(ops: &O, t: &Target) -> Result<(), SystemdError> {
-    if t.guest {
+    if t.guest.is_some() {
         ops.ask_to_destroy(&t.unit).await
     } else {
         ops.kill(&t.unit).await
     }
 }
 
-async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<Done, SystemdError> {
+async fn stop_running<O: Ops>(
+    ops: &O,
+    root: Option<&Root>,
+    t: &Target,
+    deadline: Instant,
+) -> Result<Done, SystemdError> {
     if t.stop_action == StopAction::PowerOff {
         // Killed at once, deadline or not, force-off setting or not: that
         // is what power_off asks for. A failed kill (the processes already
@@ -392,6 +417,7 @@ async fn stop_running<O: Ops>(ops: &O, t: &Target, deadline: Instant) -> Result<
         (budget, "E_DRAIN_FORCED_OFF")
     };
     match ops.wait(&job, Some(limit)).await {
+        Some(JobResult::Done) if t.guest.is_some() => Ok(guest_outcome(root, t)),
         Some(JobResult::Done) => Ok((Outcome::GracefulOff, None, None)),
         Some(r) => {
             // The job ended without the unit going down cleanly (canceled

@@ -215,6 +215,32 @@ pub(crate) mod tests {
         assert_eq!(asked, ["berth@vm.service", "berth@zap.service"]);
     }
 
+    /// stop_action = "save": what the watcher left says how the stop
+    /// ended: saved, or shut down after a failed save; taken once.
+    #[tokio::test(start_paused = true)]
+    async fn a_saved_guest_is_saved_and_a_failed_save_says_so() {
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("vm", "libvirt = \"vm\"\nstop_action = \"save\""),
+                ("dev", "libvirt = \"dev\"\nstop_action = \"save\""),
+            ],
+        );
+        let ops = FakeOps::default()
+            .unit("vm", true, Behaviour::Takes(Duration::from_secs(1)))
+            .unit("dev", true, Behaviour::Takes(Duration::from_secs(1)));
+        // What each watcher left as it ended.
+        let guests = root.runtime_dir().join("guests");
+        std::fs::create_dir_all(&guests).unwrap();
+        std::fs::write(guests.join("vm"), "saved\n").unwrap();
+        std::fs::write(guests.join("dev"), "save-failed\n").unwrap();
+        let report = drain_now(&ops, &root, &loaded).await;
+        let o = outcomes(&report);
+        assert_eq!(o["vm"], (Outcome::Saved, None));
+        assert_eq!(o["dev"], (Outcome::GracefulOff, Some("E_DRAIN_SAVE_FAILED")));
+        assert!(!guests.join("vm").exists(), "taken by the drain");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_workload_that_ignores_sigterm_is_forced_at_its_stop_delay() {
         let (_d, root, loaded) = setup(

@@ -22,10 +22,11 @@ pub struct Target {
     pub stop_delay_s: u64,
     pub force_off_on_timeout: bool,
     pub configured: bool,
-    /// A libvirt guest: forced off by its watcher (`virsh destroy`), not
-    /// by SIGKILL, which would leave QEMU running in its machine scope.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub guest: bool,
+    /// A libvirt guest's domain: forced off by its watcher (`virsh
+    /// destroy`), not by SIGKILL, which would leave QEMU running in its
+    /// machine scope.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
 }
 
 impl Target {
@@ -38,7 +39,7 @@ impl Target {
             stop_delay_s: w.stop_delay_s,
             force_off_on_timeout: w.force_off_on_timeout,
             configured: true,
-            guest: w.libvirt_domain().is_some(),
+            guest: w.libvirt_domain().map(str::to_string),
         }
     }
 
@@ -46,7 +47,7 @@ impl Target {
     pub fn budget_s(&self) -> u64 {
         match self.stop_action {
             StopAction::PowerOff => 0,
-            StopAction::GuestShutdown => self.stop_delay_s,
+            StopAction::GuestShutdown | StopAction::Save => self.stop_delay_s,
         }
     }
 }
@@ -92,7 +93,7 @@ pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
             stop_delay_s: loaded.host.default_stop_delay_s,
             force_off_on_timeout: loaded.host.force_off_on_timeout,
             configured: false,
-            guest: false,
+            guest: None,
         })
         .collect();
     if !orphans.is_empty() {
@@ -143,7 +144,7 @@ pub struct PlannedStop {
 
 impl PlannedStop {
     fn of(t: Target) -> PlannedStop {
-        let graceful = t.stop_action == StopAction::GuestShutdown;
+        let graceful = t.stop_action != StopAction::PowerOff;
         PlannedStop {
             stop_delay_s: Some(t.stop_delay_s).filter(|_| graceful),
             force_off_on_timeout: Some(t.force_off_on_timeout).filter(|_| graceful),

@@ -113,7 +113,7 @@ pub(super) fn log_outcome(r: &StopResult, events: &Events) {
         fields.push(("BERTH_CODE", code.clone()));
     }
     let level = match r.outcome {
-        Outcome::GracefulOff | Outcome::PoweredOff | Outcome::AlreadyOff => log::Level::Info,
+        Outcome::GracefulOff | Outcome::Saved | Outcome::PoweredOff | Outcome::AlreadyOff => log::Level::Info,
         Outcome::ForcedOff | Outcome::TimedOut => log::Level::Warn,
         Outcome::Failed => log::Level::Error,
     };

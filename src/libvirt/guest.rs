@@ -48,10 +48,67 @@ pub struct Policy {
     pub stop_delay: Duration,
     pub power_off: bool,
     pub force_off: bool,
+    /// Managed save first (stop_action = "save").
+    pub save: bool,
+}
+
+/// The watcher's exit status when the guest was saved (the unit counts
+/// it a success: SuccessExitStatus=).
+pub const EXIT_SAVED: i32 = 3;
+/// When the save failed and the guest was shut down instead.
+pub const EXIT_SAVE_FAILED: i32 = 4;
+
+/// How a stop ended beyond "down", for the drain's outcome: left in
+/// `guests/DOMAIN` under the runtime directory, taken by the drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopEnd {
+    Saved,
+    SaveFailed,
+}
+
+fn stop_end_path(runtime_dir: &std::path::Path, domain: &str) -> std::path::PathBuf {
+    // Domain names are [A-Za-z0-9][A-Za-z0-9_.+:-]*: a file name as is.
+    runtime_dir.join("guests").join(domain)
+}
+
+/// The runtime directory of the root the watcher runs for.
+static RUNTIME_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+fn leave_stop_end(domain: &str, end: StopEnd) {
+    let Some(runtime_dir) = RUNTIME_DIR.get() else {
+        return;
+    };
+    let path = stop_end_path(runtime_dir, domain);
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(
+        &path,
+        if end == StopEnd::Saved {
+            "saved\n"
+        } else {
+            "save-failed\n"
+        },
+    );
+}
+
+/// What the watcher of `domain` left, removed once read.
+pub fn take_stop_end(runtime_dir: &std::path::Path, domain: &str) -> Option<StopEnd> {
+    let path = stop_end_path(runtime_dir, domain);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let _ = std::fs::remove_file(&path);
+    match text.trim() {
+        "saved" => Some(StopEnd::Saved),
+        "save-failed" => Some(StopEnd::SaveFailed),
+        _ => None,
+    }
 }
 
 /// Runs the watcher; the process's exit status.
-pub fn run(domain: &str, policy: &Policy) -> i32 {
+pub fn run(root: &crate::paths::Root, domain: &str, policy: &Policy) -> i32 {
+    let _ = RUNTIME_DIR.set(root.runtime_dir());
+    // A stop end left by an earlier run is no news of this one.
+    let _ = take_stop_end(&root.runtime_dir(), domain);
     let events = Events::new("berth-guest");
     for (signal, handler) in [
         (Signal::SIGTERM, on_term as extern "C" fn(nix::libc::c_int)),
@@ -139,6 +196,60 @@ fn stop(domain: &str, policy: &Policy, events: &Events) -> i32 {
     if policy.power_off || now == DomainState::Crashed || DESTROY.load(Ordering::SeqCst) {
         return destroy(domain, events, "as asked");
     }
+    if policy.save {
+        return save_or_shut_down(domain, policy, events);
+    }
+    shut_down(domain, policy, now, Instant::now(), events)
+}
+
+/// A managed save within the stop delay; if it fails or outlives it, the
+/// guest is shut down instead (and the save aborted, so that it runs on
+/// until then), in what is left of the delay.
+fn save_or_shut_down(domain: &str, policy: &Policy, events: &Events) -> i32 {
+    let began = Instant::now();
+    let limit = policy.stop_delay.max(Duration::from_secs(1));
+    match virsh(&["managedsave", "--domain", domain], limit) {
+        Ok(_) => {
+            events.info(&format!(
+                "guest {domain} saved in {:.1} s; its next start resumes it",
+                began.elapsed().as_secs_f64()
+            ));
+            leave_stop_end(domain, StopEnd::Saved);
+            return EXIT_SAVED;
+        }
+        Err(e) => {
+            if matches!(e, VirshError::TimedOut(_)) {
+                // The save goes on in libvirt unless aborted; the guest
+                // runs on once it is.
+                let _ = virsh(&["domjobabort", "--domain", domain], CALL_LIMIT);
+            }
+            events.warn(&format!(
+                "guest {domain}: managed save failed ({e}); shutting it down instead"
+            ));
+        }
+    }
+    let now = match state(domain) {
+        Ok(s) => s,
+        Err(e) => {
+            events.warn(&format!("guest {domain}: cannot read its state to stop it: {e}"));
+            return 1;
+        }
+    };
+    match shut_down(domain, policy, now, began, events) {
+        0 => {
+            leave_stop_end(domain, StopEnd::SaveFailed);
+            EXIT_SAVE_FAILED
+        }
+        other => other,
+    }
+}
+
+/// ACPI shutdown (a paused or suspended guest woken first), then destroy
+/// at the stop delay counted from `began` unless force-off is off.
+fn shut_down(domain: &str, policy: &Policy, now: DomainState, began: Instant, events: &Events) -> i32 {
+    if now == DomainState::ShutOff {
+        return 0;
+    }
     // Neither reacts to ACPI: woken first.
     let wake = match now {
         DomainState::Paused => Some("resume"),
@@ -152,7 +263,6 @@ fn stop(domain: &str, policy: &Policy, events: &Events) -> i32 {
             "guest {domain} is {now:?} and `virsh {verb}` failed: {e}"
         ));
     }
-    let began = Instant::now();
     let mut asked: Option<Instant> = None;
     loop {
         if DESTROY.load(Ordering::SeqCst) {

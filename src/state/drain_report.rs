@@ -13,6 +13,8 @@ use crate::paths::Root;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Outcome {
     GracefulOff,
+    /// A libvirt guest saved (managed save): it resumes at its next start.
+    Saved,
     PoweredOff,
     AlreadyOff,
     ForcedOff,
@@ -24,6 +26,7 @@ impl Outcome {
     pub fn message_id(self) -> &'static str {
         match self {
             Outcome::GracefulOff => "a0ddea6ee36c427990a5421dd1040be6",
+            Outcome::Saved => "3c6f2d8e91a54b0fa7e5d1c2b4a69f08",
             Outcome::PoweredOff => "089fe267674d4f0ebf8dde1c34946cf4",
             Outcome::AlreadyOff => "5fcdcfa2011b4cf1963341c3862f35f2",
             Outcome::ForcedOff => "d74ad424d3bf40c6bf0b97994b7ba6a6",
@@ -35,6 +38,7 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::GracefulOff => "GracefulOff",
+            Outcome::Saved => "Saved",
             Outcome::PoweredOff => "PoweredOff",
             Outcome::AlreadyOff => "AlreadyOff",
             Outcome::ForcedOff => "ForcedOff",
@@ -47,6 +51,7 @@ impl Outcome {
     pub fn count_field(self) -> &'static str {
         match self {
             Outcome::GracefulOff => "BERTH_GRACEFUL_OFF",
+            Outcome::Saved => "BERTH_SAVED",
             Outcome::PoweredOff => "BERTH_POWERED_OFF",
             Outcome::AlreadyOff => "BERTH_ALREADY_OFF",
             Outcome::ForcedOff => "BERTH_FORCED_OFF",
@@ -59,7 +64,7 @@ impl Outcome {
     pub fn stopped_it(self) -> bool {
         matches!(
             self,
-            Outcome::GracefulOff | Outcome::ForcedOff | Outcome::PoweredOff
+            Outcome::GracefulOff | Outcome::Saved | Outcome::ForcedOff | Outcome::PoweredOff
         )
     }
 }

@@ -255,7 +255,9 @@ harness_guest() {
 # harness_define_guest NAME [CMDLINE]: a persistent domain NAME in the
 # libvirt root, its disk /vm/NAME.img, its console log /vm/NAME.serial.
 harness_define_guest() {
-    sed "s|@NAME@|$1|g; s|@CMDLINE@|${2:-}|" "$REPO/tests/harness/guests/domain.xml" \
+    local uuid
+    uuid=$(printf '%s' "$1" | md5sum | sed -E 's/^(.{8})(.{4})(.{4})(.{4})(.{12}).*/\1-\2-\3-\4-\5/')
+    sed "s|@NAME@|$1|g; s|@UUID@|$uuid|; s|@CMDLINE@|${2:-}|" "$REPO/tests/harness/guests/domain.xml" \
         >"$VIRT_ROOTFS/etc/libvirt/qemu/$1.xml"
 }
 

@@ -26,7 +26,7 @@ check "the daemon was told to read the definitions again" \
 out=$(run add bad --stop-action halt -- /bin/true) && rc=0 || rc=$?
 check_eq "bad input is refused with exit 1" "1" "$rc"
 check_contains "the refusal names file, key and reason" \
-    '/etc/berth/workloads/bad.toml: stop_action: must be "guest_shutdown" or "power_off", not "halt"' "$out"
+    '/etc/berth/workloads/bad.toml: stop_action: must be "guest_shutdown", "power_off" or "save", not "halt"' "$out"
 check_eq "and leaves nothing behind" "a.toml b.toml web.toml" "$(ls -A "$CT_DIR/etc-berth/workloads" | tr '\n' ' ' | sed 's/ $//')"
 out=$(run add web -- /bin/true) && rc=0 || rc=$?
 check_eq "adding a name that exists is refused" "1" "$rc"

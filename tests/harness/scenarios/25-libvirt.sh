@@ -5,13 +5,16 @@
 # leaves QEMU alone; at power-off the drain runs before libvirt stops the
 # machine scopes: the guest gets ACPI, unmounts its disk and powers off
 # (GracefulOff, a clean ext4 from the host), and the guest that ignores
-# ACPI is destroyed at its stop delay (ForcedOff).
+# ACPI is destroyed at its stop delay (ForcedOff). A guest with
+# stop_action = "save" is saved (Saved) and resumed at the next boot: its
+# console goes on counting, without a second boot of its kernel.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 25-libvirt
 
 harness_libvirt_root
 harness_define_guest berth-vm1
 harness_define_guest berth-vm2 ignore_acpi=1
+harness_define_guest berth-vm3
 ROOTFS=$VIRT_ROOTFS
 # The guests' files, bound as /vm: kernel, initramfs, a disk and a console
 # log each (outside CT_DIR, which ct_boot empties).
@@ -20,14 +23,16 @@ rm -rf "$VM"
 mkdir -p "$VM"
 chmod 755 "$VM"
 cp "$GUEST_DIR/vmlinuz" "$GUEST_DIR/initrd.gz" "$VM/"
-for g in berth-vm1 berth-vm2; do cp "$GUEST_DIR/disk.img" "$VM/$g.img"; done
-CT_NSPAWN_OPTS=(--bind="$VM:/vm")
+for g in berth-vm1 berth-vm2 berth-vm3; do cp "$GUEST_DIR/disk.img" "$VM/$g.img"; done
+# Managed save images outlive the (volatile) root, as on a host.
+mkdir -p "$VM/save"
+CT_NSPAWN_OPTS=(--bind="$VM:/vm" --bind="$VM/save:/var/lib/libvirt/qemu/save")
 run() { out=$(ct "$@" 2>&1) && rc=0 || rc=$?; }
 
 ct_boot libvirt "$REPO/tests/harness/config/libvirt"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
 
-for w in vm stubborn app; do
+for w in vm stubborn saved app; do
     check_eq "berth@$w started by the autostart" active "$(ct_prop "berth@$w.service" ActiveState)"
 done
 vm_up=$(ct_prop berth@vm.service ActiveEnterTimestampMonotonic)
@@ -57,7 +62,8 @@ check "outcomes: the guest GracefulOff, the stubborn one ForcedOff at its delay 
 import json, sys
 report = json.load(open(f"{sys.argv[1]}/state/last-drain.json"))
 got = {w["workload"]: (w["outcome"], w.get("code")) for w in report["workloads"]}
-want = {"vm": ("GracefulOff", None), "stubborn": ("ForcedOff", "E_DRAIN_FORCED_OFF"), "app": ("GracefulOff", None)}
+want = {"vm": ("GracefulOff", None), "stubborn": ("ForcedOff", "E_DRAIN_FORCED_OFF"), "app": ("GracefulOff", None),
+        "saved": ("Saved", None)}
 assert got == want, f"{got} != {want}"
 w = {x["workload"]: x for x in report["workloads"]}
 assert 3000 <= w["stubborn"]["elapsed_ms"] < 13000, f"forced after {w['stubborn']['elapsed_ms']} ms, delay 3 s"
@@ -72,3 +78,16 @@ check_lacks "... and needs no journal recovery" needs_recovery "$(printf '%s\n' 
 check_lacks "the stubborn guest never got the button handled" "acpi power button" "$(cat "$VM/berth-vm2.serial")"
 check_contains "the drain said so on the console" "berth: berth@stubborn.service ForcedOff" \
     "$(sed 's/\x1b\[[0-9;]*m//g' "$CT_DIR/console.log" | tr -d '\r')"
+check "the saved guest's memory is in libvirt's managed save image" test -s "$VM/save/berth-vm3.save"
+last_tick() { grep -o 'guest: tick [0-9]*' "$VM/berth-vm3.serial" | tail -n1 | grep -o '[0-9]*$'; }
+before=$(last_tick)
+
+# The next boot: the autostart starts its unit, whose `virsh start` resumes it.
+CT_KEEP_STATE=1 ct_boot libvirt ""
+ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
+check_eq "the saved guest's unit is started at boot" active "$(ct_prop berth@saved.service ActiveState)"
+check "its console counts on from tick $before" wait_for 30 sh -c "test \"\$(grep -o 'guest: tick [0-9]*' '$VM/berth-vm3.serial' | tail -n1 | grep -o '[0-9]*\$')\" -gt $before"
+check_eq "... without booting its kernel again" 1 "$(grep -c 'guest: init started' "$VM/berth-vm3.serial")"
+check "the save image is gone once resumed" test ! -e "$VM/save/berth-vm3.save"
+ct_poweroff 180
+check_contains "saved again at the second power-off" '"outcome": "Saved"' "$(cat "$CT_DIR/state/last-drain.json")"
