@@ -127,18 +127,11 @@ impl Workload {
     }
 }
 
-/// Keys that mean nothing for a libvirt guest: its unit runs `berth
-/// guest` as root, QEMU runs in libvirt's machine scope, and readiness is
-/// the domain running.
-const LIBVIRT_REFUSED_KEYS: &[&str] = &[
-    "stop_exec",
-    "ready",
-    "ready_exec",
-    "environment",
-    "user",
-    "group",
-    "service",
-];
+/// Keys of how berth runs a command itself: its stop, its readiness, its
+/// environment and account. Refused for an existing unit (which keeps its
+/// own) and for a libvirt guest (QEMU runs in libvirt's machine scope,
+/// readiness is the domain running), each with one more key.
+const PROCESS_KEYS: &[&str] = &["stop_exec", "ready", "ready_exec", "environment", "user", "group"];
 
 /// The longest libvirt domain name berth accepts.
 pub const MAX_DOMAIN_LEN: usize = 128;
@@ -166,18 +159,6 @@ fn libvirt_domain(r: &mut Reader, domain: String) -> Option<String> {
         None
     }
 }
-
-/// Keys that only mean something for a command berth runs itself: an
-/// existing unit keeps its own (the admin changes them in the unit).
-const COMMAND_ONLY_KEYS: &[&str] = &[
-    "stop_exec",
-    "ready",
-    "ready_exec",
-    "environment",
-    "user",
-    "group",
-    "description",
-];
 
 /// Units a workload may not take over with `unit =`: what the service
 /// manager, the bus and berth itself are made of. The drain needs them
@@ -296,7 +277,7 @@ fn from_table(
             exec.map(|exec| WorkloadKind::Command { exec, stop_exec })
         }
         (None, Some(unit)) => {
-            for key in COMMAND_ONLY_KEYS {
+            for key in PROCESS_KEYS.iter().chain(&["description"]) {
                 if r.take(key).is_some() {
                     r.error(
                         key,
@@ -475,7 +456,7 @@ fn libvirt_kind(r: &mut Reader, domain: String, host: &HostSettings) -> Option<W
             );
         }
     }
-    for key in LIBVIRT_REFUSED_KEYS {
+    for key in PROCESS_KEYS.iter().chain(&["service"]) {
         if r.take(key).is_some() {
             r.error(
                 key,

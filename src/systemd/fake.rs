@@ -106,6 +106,16 @@ impl FakeOps {
         }
     }
 
+    /// The unit's processes are gone: its pending jobs complete now.
+    fn end_jobs_now(&self, unit: &str) {
+        let now = Instant::now();
+        for job in self.jobs.borrow_mut().iter_mut() {
+            if job.unit == unit && job.result.is_none() {
+                job.done_at = Some(now);
+            }
+        }
+    }
+
     fn finish(&self, id: u32, result: JobResult) {
         let mut jobs = self.jobs.borrow_mut();
         let job = &mut jobs[id as usize - 1];
@@ -207,23 +217,13 @@ impl Ops for FakeOps {
     /// A guest's watcher destroys its guest and ends: as a kill does.
     async fn ask_to_destroy(&self, unit: &str) -> Result<(), SystemdError> {
         self.destroy_asked.borrow_mut().push(unit.into());
-        let now = Instant::now();
-        for job in self.jobs.borrow_mut().iter_mut() {
-            if job.unit == unit && job.result.is_none() {
-                job.done_at = Some(now);
-            }
-        }
+        self.end_jobs_now(unit);
         Ok(())
     }
 
     async fn kill(&self, unit: &str) -> Result<(), SystemdError> {
         self.killed.borrow_mut().push(unit.into());
-        let now = Instant::now();
-        for job in self.jobs.borrow_mut().iter_mut() {
-            if job.unit == unit && job.result.is_none() {
-                job.done_at = Some(now);
-            }
-        }
+        self.end_jobs_now(unit);
         Ok(())
     }
 
