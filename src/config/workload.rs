@@ -907,6 +907,16 @@ mod tests {
         assert_eq!(w.stop_action, StopAction::Save);
         let long = format!("libvirt = \"{}\"", "v".repeat(MAX_DOMAIN_LEN + 1));
         assert!(load_text(&long).is_err());
+        // Hostile values for both names: a newline, a specifier, a huge one.
+        for key in ["libvirt", "unit"] {
+            for value in ["vm\\n[Service]", "vm%h.service", &"v".repeat(100_000)] {
+                let text = format!("{key} = \"{value}\"");
+                let e = load_text(&text).unwrap_err();
+                assert_eq!(e.len(), 1, "{text:.60}: {e:?}");
+                assert!(e[0].starts_with(&format!("D/web.toml: {key}: ")), "{e:?}");
+                assert!(e[0].len() < 100_200, "the message stays bounded");
+            }
+        }
     }
 
     #[test]
