@@ -162,6 +162,7 @@ bench: all
 	bench/daemon.sh
 	bench/adoption-scale.sh
 	bench/add-burst.sh
+	bench/libvirt-drain.sh
 
 clean:
 	$(CARGO) clean

@@ -188,7 +188,7 @@ mod tests {
                 exec: vec!["/bin/true".into()],
                 stop_exec: None,
             },
-            autostart: true,
+            autostart: crate::config::Autostart::Yes,
             order,
             start_delay_s: 0,
             stop_action: StopAction::GuestShutdown,

@@ -217,6 +217,7 @@ fn last_drain(root: &Root) -> Value {
         "finished_at": report.finished_at,
         "elapsed_ms": report.elapsed_ms,
         "deadline_reached": report.deadline_reached,
+        "shutdown": report.shutdown,
         "outcomes": counts,
     })
 }

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 
 use super::{say, say_error, with_systemd};
 use crate::config::{self, Loaded, WorkloadKind};
+use crate::libvirt;
 use crate::live;
 use crate::paths::Root;
 use crate::plan;
 use crate::state::freeze::{self, Freeze, Scope};
+use crate::systemd::{Ops, UnitFileState};
 
 pub(super) fn run(root: &Root, dir: Option<PathBuf>, live: bool, json: bool) -> i32 {
     match dir {
@@ -89,12 +91,24 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
 fn check_live(root: &Root) -> i32 {
     let loaded = config::load(root);
     let configured: Vec<String> = loaded.workloads.iter().map(|w| w.unit_name()).collect();
+    let has_guests = loaded
+        .workloads
+        .iter()
+        .any(|w| matches!(w.kind, WorkloadKind::Libvirt { .. }));
     let gathered = with_systemd(root, |sd| async move {
-        live::gather(&sd, &configured)
+        let found = live::gather(&sd, &configured)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot inspect the loaded units: {e}"))
+            .map_err(|e| anyhow::anyhow!("cannot inspect the loaded units: {e}"))?;
+        // libvirt-guests acts at boot and shutdown when enabled; a unit
+        // file systemd cannot find is not.
+        let guests_service = has_guests
+            && matches!(
+                sd.unit_file_state("libvirt-guests.service").await,
+                Ok(UnitFileState::Enabled | UnitFileState::EnabledRuntime | UnitFileState::Linked)
+            );
+        Ok((found, guests_service))
     });
-    let (workloads, units) = match gathered {
+    let ((workloads, units), guests_service) = match gathered {
         Ok(found) => found,
         Err(e) => return super::fail("check --live", &e),
     };
@@ -114,6 +128,29 @@ fn check_live(root: &Root) -> i32 {
     }
     for n in live::notes(&workloads, &units) {
         out.push_str(&format!("live: note: {n}\n"));
+    }
+    if has_guests {
+        let guests: Vec<libvirt::check::Guest> = loaded
+            .workloads
+            .iter()
+            .filter_map(|w| match &w.kind {
+                WorkloadKind::Libvirt { domain } => Some(libvirt::check::Guest {
+                    workload: w.name.clone(),
+                    unit: w.unit_name(),
+                    domain: domain.clone(),
+                    autostart: w.autostart,
+                    force_off_on_timeout: w.force_off_on_timeout,
+                    unit_active: units
+                        .get(&w.unit_name())
+                        .is_some_and(|u| u.active_state.is_running()),
+                }),
+                _ => None,
+            })
+            .collect();
+        let host = libvirt::check::gather(root, guests_service);
+        for warning in libvirt::check::warnings(&guests, &host) {
+            out.push_str(&format!("live: warning: {warning}\n"));
+        }
     }
     if problems.is_empty() {
         out.push_str(&format!(
@@ -230,7 +267,11 @@ pub fn check_report(loaded: &Loaded) -> String {
                 "  {} ({}){}{}{}: {} — stop: {}\n",
                 w.unit_name(),
                 w.source.display(),
-                if w.autostart { "" } else { " [no autostart]" },
+                match w.autostart {
+                    config::Autostart::Yes => "",
+                    config::Autostart::No => " [no autostart]",
+                    config::Autostart::LastState => " [autostart: last-state]",
+                },
                 ready,
                 if w.start_delay_s > 0 {
                     format!(" [then wait {}s]", w.start_delay_s)

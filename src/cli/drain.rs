@@ -72,13 +72,18 @@ pub(super) fn dry_run(root: &Root, json: bool) -> i32 {
 /// What `berth drain --last` prints.
 fn report_text(report: &Report) -> String {
     let mut out = format!(
-        "last drain: {} to {} ({} ms, deadline {} s{}, {} at a time)\n",
+        "last drain: {} to {} ({} ms, deadline {} s{}, {} at a time), {}\n",
         report.started_at,
         report.finished_at,
         report.elapsed_ms,
         report.deadline_s,
         if report.deadline_reached { ", reached" } else { "" },
-        report.parallelism
+        report.parallelism,
+        match (report.shutdown, report.boot_id.as_str()) {
+            (true, "") => "by a shutdown".to_string(),
+            (true, boot) => format!("by the shutdown of boot {boot}"),
+            (false, _) => "by hand".to_string(),
+        }
     );
     for w in &report.workloads {
         out.push_str(&format!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use toml::Table;
 
 use super::read::{Origin, Reader, merge, parse_file};
-use super::workload::check_unit_list;
+use super::workload::{Autostart, check_unit_list};
 use super::{ConfigError, Manager};
 use crate::paths::Root;
 use crate::plan;
@@ -18,6 +18,8 @@ pub struct HostSettings {
     /// Bound on the whole drain.
     pub drain_deadline_s: u64,
     pub default_stop_delay_s: u64,
+    /// A workload's `autostart` when it does not say.
+    pub default_autostart: Autostart,
     /// Units the drain must run before on shutdown (they stay up until the
     /// drain is done).
     pub drain_after: Vec<String>,
@@ -50,6 +52,7 @@ impl Default for HostSettings {
             force_off_on_timeout: true,
             drain_deadline_s: 180,
             default_stop_delay_s: 60,
+            default_autostart: Autostart::Yes,
             drain_after: Vec::new(),
             daemon: DaemonSettings::default(),
             manager: Manager::System,
@@ -89,6 +92,7 @@ const HOST_KEYS: &[&str] = &[
     "force_off_on_timeout",
     "drain_deadline_s",
     "default_stop_delay_s",
+    "default_autostart",
     "drain_after",
     "daemon",
 ];
@@ -146,6 +150,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         1,
         MAX_DELAY_S,
     ) as u64;
+    let default_autostart = r.autostart("default_autostart", d.default_autostart);
 
     let mut drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
     if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
@@ -202,6 +207,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         force_off_on_timeout,
         drain_deadline_s,
         default_stop_delay_s,
+        default_autostart,
         drain_after,
         daemon,
         manager,
@@ -243,6 +249,7 @@ mod tests {
             force_off_on_timeout = false
             drain_deadline_s = 600
             default_stop_delay_s = 20
+            default_autostart = "last-state"
             drain_after = ["libvirtd.service"]
             [daemon]
             enabled = false
@@ -258,6 +265,7 @@ mod tests {
         assert!(!s.force_off_on_timeout);
         assert_eq!(s.drain_deadline_s, 600);
         assert_eq!(s.default_stop_delay_s, 20);
+        assert_eq!(s.default_autostart, Autostart::LastState);
         assert_eq!(s.drain_after, vec!["libvirtd.service"]);
         assert!(!s.daemon.enabled);
         assert_eq!(s.daemon.watchdog_s, 0);
@@ -276,6 +284,12 @@ mod tests {
         assert_eq!(
             messages("drain_parallelism = \"4\""),
             ["/etc/berth/berth.toml: drain_parallelism: must be an integer, not string"]
+        );
+        assert_eq!(
+            messages("default_autostart = \"always\""),
+            [
+                "/etc/berth/berth.toml: default_autostart: must be true, false or \"last-state\", not \"always\""
+            ]
         );
         let m = messages("[daemon]\nwatchdog = 3");
         assert_eq!(m.len(), 1);

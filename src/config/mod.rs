@@ -16,7 +16,7 @@ pub use crate::names::{is_valid_workload_name, unit_name};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
 pub use source::Discovered;
-pub use workload::{Readiness, StopAction, Workload, WorkloadKind};
+pub use workload::{Autostart, Readiness, StopAction, Workload, WorkloadKind};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

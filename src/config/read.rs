@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use super::ConfigError;
+use super::workload::Autostart;
 
 /// Reads and parses one TOML file.
 pub(super) fn parse_file(path: &Path) -> Result<Table, ConfigError> {
@@ -183,6 +184,25 @@ impl<'a> Reader<'a> {
 
     pub(super) fn bool(&mut self, key: &str, default: bool) -> bool {
         self.opt_bool(key).unwrap_or(default)
+    }
+
+    /// `true`, `false` or `"last-state"`.
+    pub(super) fn autostart(&mut self, key: &str, default: Autostart) -> Autostart {
+        match self.take(key) {
+            None => default,
+            Some(Value::Boolean(true)) => Autostart::Yes,
+            Some(Value::Boolean(false)) => Autostart::No,
+            Some(Value::String(s)) if s == "last-state" => Autostart::LastState,
+            Some(Value::String(s)) => {
+                let s = s.escape_debug().to_string();
+                self.error(key, format!("must be true, false or \"last-state\", not \"{s}\""));
+                default
+            }
+            Some(other) => {
+                self.wrong_type(key, "true, false or \"last-state\"", other);
+                default
+            }
+        }
     }
 
     /// A string without control characters.

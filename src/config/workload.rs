@@ -35,6 +35,38 @@ impl StopAction {
     }
 }
 
+/// Whether the boot autostart starts a workload: `autostart = true`,
+/// `false` or `"last-state"` (the host's `default_autostart` when unset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autostart {
+    Yes,
+    No,
+    /// As it was when the last shutdown drain of the previous boot began:
+    /// started if it was running then (or is new since), else left off.
+    LastState,
+}
+
+impl Autostart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Autostart::Yes => "true",
+            Autostart::No => "false",
+            Autostart::LastState => "last-state",
+        }
+    }
+}
+
+/// As it is written in TOML: true, false or "last-state".
+impl serde::Serialize for Autostart {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Autostart::Yes => s.serialize_bool(true),
+            Autostart::No => s.serialize_bool(false),
+            Autostart::LastState => s.serialize_str("last-state"),
+        }
+    }
+}
+
 /// When a workload counts as started: what `berth autostart` waits for
 /// before it starts the next group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -81,7 +113,7 @@ pub struct Workload {
     pub source: PathBuf,
     pub description: Option<String>,
     pub kind: WorkloadKind,
-    pub autostart: bool,
+    pub autostart: Autostart,
     pub order: i64,
     pub start_delay_s: u64,
     pub stop_action: StopAction,
@@ -316,7 +348,7 @@ fn finish(
         }
     });
 
-    let autostart = r.bool("autostart", true);
+    let autostart = r.autostart("autostart", host.default_autostart);
     let order = r.int("order", 0, -1_000_000, 1_000_000);
     let start_delay_s = r.int("start_delay_s", 0, 0, 3600) as u64;
     let stop_action = match r.opt_text("stop_action").as_deref() {
@@ -766,7 +798,7 @@ mod tests {
         let w = load_text(r#"exec = ["/bin/sleep", "infinity"]"#).unwrap();
         assert_eq!(w.name, "web");
         assert_eq!(w.unit_name(), "berth@web.service");
-        assert!(w.autostart);
+        assert_eq!(w.autostart, super::Autostart::Yes);
         assert_eq!(w.order, 0);
         assert_eq!(w.stop_delay_s, 60);
         assert!(w.force_off_on_timeout);
@@ -778,6 +810,45 @@ mod tests {
                 stop_exec: None
             }
         );
+    }
+
+    /// `autostart`: each input and what it gives (Err: the message).
+    #[test]
+    fn autostart_is_true_false_or_last_state_and_defaults_to_the_hosts() {
+        let cases: &[(&str, Result<Autostart, &str>)] = &[
+            ("autostart = true", Ok(Autostart::Yes)),
+            ("autostart = false", Ok(Autostart::No)),
+            ("autostart = \"last-state\"", Ok(Autostart::LastState)),
+            (
+                "autostart = \"last_state\"",
+                Err("D/web.toml: autostart: must be true, false or \"last-state\", not \"last_state\""),
+            ),
+            (
+                "autostart = \"yes\\n\"",
+                Err("D/web.toml: autostart: must be true, false or \"last-state\", not \"yes\\n\""),
+            ),
+            (
+                "autostart = 1",
+                Err("D/web.toml: autostart: must be true, false or \"last-state\", not integer"),
+            ),
+        ];
+        for (line, want) in cases {
+            let got = load_text(&format!("exec = [\"/bin/x\"]\n{line}"));
+            match want {
+                Ok(mode) => assert_eq!(got.map(|w| w.autostart).as_ref(), Ok(mode), "{line}"),
+                Err(message) => assert_eq!(got.unwrap_err(), vec![message.to_string()], "{line}"),
+            }
+        }
+        let host = HostSettings {
+            default_autostart: Autostart::LastState,
+            ..HostSettings::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vm.toml");
+        std::fs::write(&path, "exec = [\"/bin/x\"]").unwrap();
+        assert_eq!(load("vm", &path, &host).unwrap().autostart, Autostart::LastState);
+        std::fs::write(&path, "exec = [\"/bin/x\"]\nautostart = true").unwrap();
+        assert_eq!(load("vm", &path, &host).unwrap().autostart, Autostart::Yes);
     }
 
     #[test]

@@ -162,6 +162,11 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         return Err(StartError::Signals(std::io::Error::last_os_error()));
     };
     let loaded = config::load(&root);
+    // A boot the daemon ran in is a boot berth saw, even when the
+    // autostart did not run (`autostart = "last-state"` counts boots).
+    if let Err(e) = crate::state::boots::note_current(&root) {
+        events.warn(&e);
+    }
     let interval = options
         .reconcile_interval
         .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));

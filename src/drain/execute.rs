@@ -15,7 +15,7 @@ use futures_util::stream::FuturesUnordered;
 
 use super::plan::{self, Target};
 use super::progress::{Progress, WAITING_EVERY};
-use super::report::{log_outcome, record, summarize, write, write_record};
+use super::report::{log_outcome, record, summarize, this_boot, write, write_record};
 use crate::config::{Loaded, StopAction};
 use crate::events::Events;
 use crate::paths::Root;
@@ -55,7 +55,10 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     let deadline = started + Duration::from_secs(loaded.host.drain_deadline_s);
     let spent = deadline + BUDGET_AFTER_DEADLINE;
     let existing = loaded.workload_units().existing_units();
-    let live = match ops.list_workloads(&existing).await {
+    // Asked together: a bus that stopped answering costs one wait.
+    let (listed, state) = tokio::join!(ops.list_workloads(&existing), ops.system_state());
+    let shutdown = matches!(state.as_deref(), Ok("stopping"));
+    let live = match listed {
         Ok(mut live) => {
             // systemd lists no alias: an existing unit named by one (which
             // check --live reports) is asked for by that name, so that it
@@ -149,6 +152,8 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
         deadline_s: loaded.host.drain_deadline_s,
         parallelism: loaded.host.drain_parallelism,
         deadline_reached: Instant::now() >= deadline,
+        boot_id: this_boot(root, events),
+        shutdown,
         workloads: results,
     };
     summarize(&report, events);

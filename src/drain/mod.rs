@@ -169,6 +169,33 @@ pub(crate) mod tests {
         );
     }
 
+    /// Issue 12, part 3: only a drain that a shutdown ran tells
+    /// `autostart = "last-state"` what was running; each report says
+    /// which it was and in which boot.
+    #[tokio::test(start_paused = true)]
+    async fn the_report_says_whether_a_shutdown_ran_it_and_in_which_boot() {
+        let (_d, root, loaded) = setup("", &[("a", ""), ("b", "")]);
+        for (state, shutdown) in [("running", false), ("stopping", true), ("degraded", false)] {
+            let ops = FakeOps::default().unit("a", true, Behaviour::Takes(SEC)).unit(
+                "b",
+                false,
+                Behaviour::Takes(SEC),
+            );
+            *ops.system_state.borrow_mut() = Some(state.into());
+            let report = drain_now(&ops, &root, &loaded).await;
+            assert_eq!(report.shutdown, shutdown, "{state}");
+            assert_eq!(report.boot_id, crate::state::boots::current().unwrap());
+            assert_eq!(report.found_running().collect::<Vec<_>>(), ["a"]);
+            let (_, stored) = crate::state::drain_report::read(&root).unwrap();
+            assert_eq!(stored.shutdown, shutdown);
+        }
+        assert_eq!(
+            crate::state::boots::read(&root).current,
+            crate::state::boots::current().unwrap(),
+            "the drain notes its boot"
+        );
+    }
+
     /// Review of issue 11: systemd lists no alias, so an existing unit
     /// named by one looked AlreadyOff and was never stopped. It is asked
     /// for by its name.

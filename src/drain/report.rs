@@ -49,9 +49,24 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
         deadline_s: loaded.host.drain_deadline_s,
         parallelism: loaded.host.drain_parallelism,
         deadline_reached: false,
+        boot_id: this_boot(root, events),
+        // Whether systemd is shutting down cannot be asked.
+        shutdown: false,
         workloads,
     };
     write(root, &report, events);
+}
+
+/// This boot's id, noted in the boots ledger: a boot that ends in a drain
+/// is seen even when nothing else of berth ran in it.
+pub(super) fn this_boot(root: &Root, events: &Events) -> String {
+    match crate::state::boots::note_current(root) {
+        Ok(boots) => boots.current,
+        Err(e) => {
+            events.warn(&e);
+            String::new()
+        }
+    }
 }
 
 pub(super) fn write(root: &Root, report: &Report, events: &Events) {

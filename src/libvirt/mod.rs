@@ -3,6 +3,7 @@
 //! ([`guest`]). berth talks to libvirt only from a guest's own unit, so
 //! the drain never wakes a libvirt daemon that exited idle.
 
+pub mod check;
 pub mod guest;
 
 use std::io::Read;

@@ -105,11 +105,29 @@ pub struct Report {
     pub deadline_s: u64,
     pub parallelism: u32,
     pub deadline_reached: bool,
+    /// The boot it ran in; empty when unknown (or written before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// Run by a shutdown (systemd's SystemState was "stopping" when it
+    /// began), not by hand: only such a drain tells `autostart =
+    /// "last-state"` what was running.
+    #[serde(default)]
+    pub shutdown: bool,
     pub workloads: Vec<StopResult>,
 }
 
 impl Report {
     /// How many workloads ended with each outcome, in outcome order.
+    /// The workloads it found running: every outcome but AlreadyOff
+    /// (ForcedOff, TimedOut and Failed ones were running too).
+    pub fn found_running(&self) -> impl Iterator<Item = &str> {
+        self.workloads
+            .iter()
+            .filter(|r| r.outcome != Outcome::AlreadyOff)
+            .map(|r| r.workload.as_str())
+    }
+
     pub fn counts(&self) -> std::collections::BTreeMap<Outcome, usize> {
         let mut counts = std::collections::BTreeMap::new();
         for r in &self.workloads {

@@ -4,6 +4,7 @@
 //!   and why), under the workload's lock.
 //! - [`freeze`]: node and instance freeze flags.
 //! - [`drain_report`]: the last drain's report (`last-drain.json`).
+//! - [`boots`]: this boot's id and the one before (`boots.json`).
 //! - [`manifest`]: what `berth install` did (`install.json`).
 //! - [`atomic`]: the one atomic replace (temporary file, fsync, rename,
 //!   fsync of the directory) that all of the above write through.
@@ -11,6 +12,7 @@
 //!   single-instance lock.
 
 pub mod atomic;
+pub mod boots;
 pub mod drain_report;
 pub mod freeze;
 pub mod lock;

@@ -8,6 +8,9 @@
 # ACPI is destroyed at its stop delay (ForcedOff). A guest with
 # stop_action = "save" is saved (Saved) and resumed at the next boot: its
 # console goes on counting, without a second boot of its kernel.
+# autostart = "last-state" starts again the guests that ran at the last
+# shutdown (a ForcedOff one too) and leaves off the one the admin stopped;
+# check --live warns about libvirt settings and states that fight berth.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 25-libvirt
 
@@ -47,6 +50,7 @@ check_contains "the drain wants virt-guest-shutdown.target" virt-guest-shutdown.
 check_contains "... is ordered after it and libvirt-guests.service" libvirt-guests.service "$(ct_prop berth-drain.service After)"
 run berth check --live
 check_eq "check --live: exit 0" 0 "$rc"
+check_lacks "... and no warning with Debian's libvirt settings" "live: warning:" "$out"
 
 # A daemon restart leaves QEMU and the unit's watcher alone.
 watcher=$(ct_prop berth@vm.service MainPID)
@@ -89,5 +93,46 @@ check_eq "the saved guest's unit is started at boot" active "$(ct_prop berth@sav
 check "its console counts on from tick $before" wait_for 30 sh -c "test \"\$(grep -o 'guest: tick [0-9]*' '$VM/berth-vm3.serial' | tail -n1 | grep -o '[0-9]*\$')\" -gt $before"
 check_eq "... without booting its kernel again" 1 "$(grep -c 'guest: init started' "$VM/berth-vm3.serial")"
 check "the save image is gone once resumed" test ! -e "$VM/save/berth-vm3.save"
+# last-state: vm (GracefulOff) and stubborn (ForcedOff) ran at the last
+# shutdown and were started again.
+check_eq "last-state: the guest that shut down at the drain is started again" active "$(ct_prop berth@vm.service ActiveState)"
+check_eq "last-state: the guest forced off at the drain is started again" active "$(ct_prop berth@stubborn.service ActiveState)"
+# The admin stops vm before the next power-off: it stays off after it.
+ct systemctl stop berth@vm.service
+check_eq "the admin's stop shut the guest down" "shut off" "$(ct virsh -q domstate berth-vm1 | head -n1)"
 ct_poweroff 180
-check_contains "saved again at the second power-off" '"outcome": "Saved"' "$(cat "$CT_DIR/state/last-drain.json")"
+check "the second drain: saved Saved, stubborn ForcedOff, vm AlreadyOff" python3 - "$CT_DIR" <<'PY'
+import json, sys
+report = json.load(open(f"{sys.argv[1]}/state/last-drain.json"))
+got = {w["workload"]: w["outcome"] for w in report["workloads"]}
+want = {"vm": "AlreadyOff", "stubborn": "ForcedOff", "app": "GracefulOff", "saved": "Saved"}
+assert got == want and report["shutdown"] is True, f"{got} != {want}, shutdown={report['shutdown']}"
+PY
+
+CT_KEEP_STATE=1 ct_boot libvirt ""
+ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
+check_eq "last-state: the guest the admin stopped stays off" inactive "$(ct_prop berth@vm.service ActiveState)"
+check_eq "... its domain too" "shut off" "$(ct virsh -q domstate berth-vm1 | head -n1)"
+check_eq "last-state: the one forced off is started" active "$(ct_prop berth@stubborn.service ActiveState)"
+check_contains "the autostart says why vm stays off" \
+    'not starting berth@vm.service: autostart = "last-state" and it was not running when the last shutdown drain began' \
+    "$(ct journalctl -b -u berth-autostart.service -o cat --no-pager)"
+
+# check --live names what fights berth over its guests.
+ct virsh -q start berth-vm1 >/dev/null
+ct virsh -q autostart berth-vm2 >/dev/null
+ct sh -c 'echo ON_BOOT=start >>/etc/default/libvirt-guests'
+ct sh -c 'echo "auto_shutdown_try_shutdown = \"all\"" >>/etc/libvirt/qemu.conf'
+run berth check --live
+check_eq "check --live: warnings keep exit 0" 0 "$rc"
+check_contains "warns: a guest runs without its unit" \
+    "live: warning: libvirt domain berth-vm1 runs, but berth@vm.service is not active" "$out"
+check_contains "warns: libvirt's autostart flag" \
+    "live: warning: libvirt domain berth-vm2 (workload stubborn) has libvirt's autostart flag" "$out"
+check_contains "warns: libvirt-guests' ON_BOOT=start" \
+    "live: warning: libvirt-guests.service is enabled with ON_BOOT=start (/etc/default/libvirt-guests)" "$out"
+check_contains "warns: the QEMU driver's own shutdown actions" \
+    'live: warning: /etc/libvirt/qemu.conf sets auto_shutdown_try_shutdown = "all"' "$out"
+ct virsh -q destroy berth-vm1 >/dev/null
+ct_poweroff 180
+check_contains "saved again at the third power-off" '"outcome": "Saved"' "$(cat "$CT_DIR/state/last-drain.json")"

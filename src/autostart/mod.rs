@@ -6,6 +6,11 @@
 //! go out together, except that a workload with `start_delay_s > 0` holds
 //! back everything after it until that many seconds after its own start
 //! completed. A workload this run does not start imposes no delay.
+//!
+//! Whether a workload starts is its `autostart`: true, false, or
+//! "last-state" ([`last_state`]).
+
+pub mod last_state;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
@@ -13,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::config::{Loaded, Workload};
+use crate::config::{Autostart, Loaded, Workload};
 use crate::events::Events;
 use crate::paths::Root;
 use crate::plan;
@@ -23,6 +28,7 @@ use crate::state::lock;
 use crate::state::records::{self, RecordState, TransitionReason};
 use crate::systemd::{Job, JobResult, MAX_JOBS_IN_FLIGHT, Ops, SystemdError};
 use crate::time::rfc3339;
+use last_state::{Decision, LastState};
 
 pub const MESSAGE_ID: &str = "5afd3d3e87ee4d158033841e5f87b361";
 
@@ -52,6 +58,7 @@ pub async fn run<O: Ops>(
     root: &Root,
     loaded: &Loaded,
     node_frozen: Option<String>,
+    last: &LastState,
     events: &Events,
 ) -> Result<Summary, SystemdError> {
     let units = loaded.workload_units();
@@ -99,6 +106,14 @@ pub async fn run<O: Ops>(
         return Ok(summary);
     }
 
+    if loaded
+        .workloads
+        .iter()
+        .any(|w| w.autostart == Autostart::LastState)
+    {
+        tell_last_state(last, events);
+    }
+
     for group in plan::start_groups(&loaded.workloads) {
         // The group's starts go out together (the connection bounds the
         // calls in flight) and are waited for together: one after the
@@ -109,10 +124,17 @@ pub async fn run<O: Ops>(
             if running.contains(&w.name) {
                 continue;
             }
-            let skip = if !w.autostart {
-                Some("autostart = false".to_string())
-            } else {
-                freeze::instance_frozen(root, &w.name)
+            let skip = match last_state::decide(w.autostart, &w.name, last) {
+                Decision::Skip(reason) => Some(reason),
+                decision => freeze::instance_frozen(root, &w.name).or_else(|| {
+                    if let Decision::StartBecause(why) = decision {
+                        events.info(&format!(
+                            "starting {} (autostart = \"last-state\"): {why}",
+                            w.unit_name()
+                        ));
+                    }
+                    None
+                }),
             };
             if let Some(reason) = skip {
                 events.info(&format!("not starting {}: {reason}", w.unit_name()));
@@ -177,6 +199,24 @@ pub async fn run<O: Ops>(
         ),
     );
     Ok(summary)
+}
+
+/// Says once what the last-state workloads go by.
+fn tell_last_state(last: &LastState, events: &Events) {
+    match last {
+        LastState::Known {
+            boot_id,
+            started_at,
+            running,
+            ..
+        } => events.info(&format!(
+            "last state: the shutdown drain of boot {boot_id} began at {started_at} with {} workloads running",
+            running.len()
+        )),
+        LastState::Unknown(why) => events.warn(&format!(
+            "last state unknown: {why}; workloads with autostart = \"last-state\" start as with autostart = true"
+        )),
+    }
 }
 
 fn commit(batch: atomic::Batch, root: &Root, events: &Events) {
@@ -281,6 +321,8 @@ mod tests {
     use super::*;
     use crate::systemd::fake::{Behaviour, FakeOps};
 
+    const NONE: LastState = LastState::Unknown(last_state::Unknown::NoReport);
+
     #[tokio::test(start_paused = true)]
     async fn groups_in_order_delays_hold_back_the_rest_and_skips_are_free() {
         let dir = tempfile::tempdir().unwrap();
@@ -318,7 +360,7 @@ mod tests {
             })
             .unit("up", true, Behaviour::Takes(second));
         let began = tokio::time::Instant::now();
-        let summary = run(&ops, &root, &loaded, None, &Events::new("test"))
+        let summary = run(&ops, &root, &loaded, None, &NONE, &Events::new("test"))
             .await
             .unwrap();
 
@@ -365,7 +407,7 @@ mod tests {
         let root = Root::new(dir.path());
         let loaded = crate::config::load(&root);
         let began = tokio::time::Instant::now();
-        let summary = run(&ops, &root, &loaded, None, &Events::new("test"))
+        let summary = run(&ops, &root, &loaded, None, &NONE, &Events::new("test"))
             .await
             .unwrap();
         assert_eq!(summary.count(|a| *a == Action::Started), 100);
@@ -382,6 +424,69 @@ mod tests {
         );
     }
 
+    /// Issue 12, part 3: last-state starts what the last shutdown drain
+    /// found running and what was added since; true and false go on as
+    /// before.
+    #[tokio::test(start_paused = true)]
+    async fn last_state_starts_what_was_running_and_what_is_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "default_autostart = \"last-state\"",
+        )
+        .unwrap();
+        let mut ops = FakeOps::default();
+        for (name, body) in [
+            ("was_running", ""),
+            ("was_off", ""),
+            ("new", ""),
+            ("always", "autostart = true"),
+            ("never", "autostart = false"),
+        ] {
+            std::fs::write(
+                etc.join(format!("{name}.toml")),
+                format!("exec = [\"/bin/x\"]\n{body}"),
+            )
+            .unwrap();
+            ops = ops.unit(name, false, Behaviour::Takes(std::time::Duration::ZERO));
+        }
+        let root = Root::new(dir.path());
+        let loaded = crate::config::load(&root);
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        let last = LastState::Known {
+            boot_id: "b1".into(),
+            started_at: "T".into(),
+            running: set(&["was_running"]),
+            listed: set(&["was_running", "was_off", "always", "never"]),
+        };
+        let summary = run(&ops, &root, &loaded, None, &last, &Events::new("test"))
+            .await
+            .unwrap();
+        let mut started: Vec<&str> = summary
+            .actions
+            .iter()
+            .filter(|(_, a)| *a == Action::Started)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        started.sort();
+        assert_eq!(started, ["always", "new", "was_running"]);
+        assert!(summary.actions.iter().any(|(n, a)| n == "was_off"
+            && matches!(a, Action::Skipped(r) if r.contains("not running when the last shutdown drain began"))));
+
+        // Unknown: every last-state workload starts.
+        let ops = ["was_running", "was_off", "new", "always", "never"]
+            .iter()
+            .fold(FakeOps::default(), |f, n| {
+                f.unit(n, false, Behaviour::Takes(std::time::Duration::ZERO))
+            });
+        let summary = run(&ops, &root, &loaded, None, &NONE, &Events::new("test"))
+            .await
+            .unwrap();
+        assert_eq!(summary.count(|a| *a == Action::Started), 4);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_frozen_node_starts_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -394,9 +499,16 @@ mod tests {
         let root = Root::new(dir.path());
         let loaded = crate::config::load(&root);
         let ops = FakeOps::default().unit("w", false, Behaviour::Takes(std::time::Duration::ZERO));
-        let s = run(&ops, &root, &loaded, Some("test".into()), &Events::new("test"))
-            .await
-            .unwrap();
+        let s = run(
+            &ops,
+            &root,
+            &loaded,
+            Some("test".into()),
+            &NONE,
+            &Events::new("test"),
+        )
+        .await
+        .unwrap();
         assert!(s.actions.is_empty());
         assert!(ops.spans.borrow().is_empty());
     }

@@ -1,0 +1,452 @@
+//! What `berth check --live` warns about on a host with libvirt guests:
+//! the parts of libvirt that act on the same guests at boot or shutdown
+//! outside berth's order, freezes and deadline, and guests whose state
+//! berth does not follow. Reading is [`gather`]; the judgement
+//! ([`warnings`]) is pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::{CALL_LIMIT, virsh};
+use crate::config::Autostart;
+use crate::paths::Root;
+
+/// One configured guest.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    pub workload: String,
+    pub unit: String,
+    pub domain: String,
+    pub autostart: Autostart,
+    pub force_off_on_timeout: bool,
+    /// Its unit is active (or activating, deactivating).
+    pub unit_active: bool,
+}
+
+/// libvirt-guests.service, when it is enabled: its settings, the script's
+/// defaults overridden by its settings file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestsService {
+    /// The settings file, or the script when no file sets anything.
+    pub file: PathBuf,
+    pub on_boot: String,
+    pub on_shutdown: String,
+    pub shutdown_timeout: String,
+}
+
+/// What libvirt says of its domains, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Domains {
+    pub autostart: BTreeSet<String>,
+    pub managed_save: BTreeSet<String>,
+    pub active: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HostView {
+    pub guests_service: Option<GuestsService>,
+    /// `(file, key, value)`: qemu.conf's auto_shutdown_* actions that are
+    /// not "none".
+    pub auto_shutdown: Vec<(PathBuf, String, String)>,
+    /// From virsh, or why it could not be asked.
+    pub domains: Result<Domains, String>,
+}
+
+/// libvirt-guests' defaults (libvirt 9.0 and 11.3, as Debian ships them).
+const GUESTS_DEFAULTS: [(&str, &str); 3] = [
+    ("ON_BOOT", "ignore"),
+    ("ON_SHUTDOWN", "shutdown"),
+    ("SHUTDOWN_TIMEOUT", "300"),
+];
+/// Where distributions keep its script and its settings.
+const GUESTS_SCRIPTS: [&str; 2] = [
+    "/usr/lib/libvirt/libvirt-guests.sh",
+    "/usr/libexec/libvirt-guests.sh",
+];
+const GUESTS_FILES: [&str; 2] = ["/etc/default/libvirt-guests", "/etc/sysconfig/libvirt-guests"];
+const QEMU_CONF: &str = "/etc/libvirt/qemu.conf";
+/// The QEMU driver's own shutdown actions (libvirt 11 and later); "none"
+/// is the system daemon's default.
+const AUTO_SHUTDOWN_KEYS: [&str; 3] = [
+    "auto_shutdown_try_save",
+    "auto_shutdown_try_shutdown",
+    "auto_shutdown_poweroff",
+];
+
+/// `KEY=value` and `KEY="value"` lines of a shell settings file; comments
+/// and anything else are skipped.
+pub fn shell_settings(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.is_empty()
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        {
+            continue;
+        }
+        let value = value.split(" #").next().unwrap_or("").trim();
+        let value = value.trim_matches(|c| c == '"' || c == '\'');
+        out.insert(key.to_string(), value.to_string());
+    }
+    out
+}
+
+/// `key = "value"` and `key = 1` lines of a libvirt configuration file.
+pub fn conf_settings(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim().trim_matches('"');
+        out.insert(key.trim().to_string(), value.to_string());
+    }
+    out
+}
+
+/// The warnings for `guests` on a host that looks like `host`.
+pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
+    let mut out = Vec::new();
+    if guests.is_empty() {
+        return out;
+    }
+    if let Some(s) = &host.guests_service {
+        if s.on_boot == "start" {
+            out.push(format!(
+                "libvirt-guests.service is enabled with ON_BOOT=start ({}): at boot it starts again the guests \
+                 it found running when it stopped (after berth's drain, those the drain left running), outside \
+                 berth's order and freezes; set ON_BOOT=ignore",
+                s.file.display()
+            ));
+        }
+        let left_running: Vec<&str> = guests
+            .iter()
+            .filter(|g| !g.force_off_on_timeout)
+            .map(|g| g.workload.as_str())
+            .collect();
+        if s.on_shutdown != "shutdown" {
+            out.push(format!(
+                "libvirt-guests.service is enabled with ON_SHUTDOWN={} ({}): it runs after berth's drain and \
+                 acts on every guest still running{}; set ON_SHUTDOWN=shutdown, and stop_action = \"save\" \
+                 on the workloads to save",
+                s.on_shutdown,
+                s.file.display(),
+                if left_running.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", such as those the drain leaves running at their stop delay (force_off_on_timeout = \
+                         false: {})",
+                        left_running.join(", ")
+                    )
+                }
+            ));
+        } else if !left_running.is_empty() {
+            out.push(format!(
+                "libvirt-guests.service is enabled ({}): after berth's drain it shuts down the guests the drain \
+                 left running at their stop delay (force_off_on_timeout = false: {}) for up to \
+                 SHUTDOWN_TIMEOUT={} s more, which the power-off waits for",
+                s.file.display(),
+                left_running.join(", "),
+                s.shutdown_timeout
+            ));
+        }
+    }
+    for (file, key, value) in &host.auto_shutdown {
+        out.push(format!(
+            "{} sets {key} = \"{}\": libvirt's QEMU driver then saves, shuts down or powers off guests itself \
+             when the host shuts down, outside berth's drain, its order, deadline and outcomes; set it to \
+             \"none\" (the default of the system daemon)",
+            file.display(),
+            value.escape_debug()
+        ));
+    }
+    let domains = match &host.domains {
+        Ok(d) => d,
+        Err(e) => {
+            out.push(format!(
+                "cannot ask libvirt about the guests' domains ({e}): their autostart flags, managed-save \
+                 images and states are not checked"
+            ));
+            return out;
+        }
+    };
+    for g in guests {
+        let d = &g.domain;
+        if domains.autostart.contains(d) {
+            out.push(format!(
+                "libvirt domain {d} (workload {}) has libvirt's autostart flag: libvirt starts it whenever its \
+                 daemon starts, outside berth's order and freezes; clear it with `virsh autostart --disable {d}`",
+                g.workload
+            ));
+        }
+        if domains.managed_save.contains(d) && g.autostart == Autostart::No && !g.unit_active {
+            out.push(format!(
+                "libvirt domain {d} has a managed-save image, but workload {} has autostart = false: no boot \
+                 resumes it; `systemctl start {}` resumes it, `virsh managedsave-remove {d}` discards it",
+                g.workload, g.unit
+            ));
+        }
+        if domains.active.contains(d) && !g.unit_active {
+            out.push(format!(
+                "libvirt domain {d} runs, but {} is not active: berth does not follow it and the drain does \
+                 not stop it (AlreadyOff); `systemctl start {}` adopts it",
+                g.unit, g.unit
+            ));
+        }
+    }
+    out
+}
+
+/// Reads the host's libvirt settings (under `root`) and asks virsh.
+pub fn gather(root: &Root, guests_service_enabled: bool) -> HostView {
+    let guests_service = guests_service_enabled.then(|| guests_service(root));
+    let qemu_conf = root.join(QEMU_CONF);
+    let auto_shutdown = std::fs::read_to_string(&qemu_conf)
+        .map(|text| {
+            let settings = conf_settings(&text);
+            AUTO_SHUTDOWN_KEYS
+                .iter()
+                .filter_map(|k| {
+                    let v = settings.get(*k)?;
+                    (v != "none").then(|| (PathBuf::from(QEMU_CONF), k.to_string(), v.clone()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    HostView {
+        guests_service,
+        auto_shutdown,
+        domains: domains(),
+    }
+}
+
+fn guests_service(root: &Root) -> GuestsService {
+    let read = |paths: &[&str]| {
+        paths.iter().find_map(|p| {
+            std::fs::read_to_string(root.join(p))
+                .ok()
+                .map(|t| (Path::new(p).to_path_buf(), shell_settings(&t)))
+        })
+    };
+    let mut settings: BTreeMap<String, String> = GUESTS_DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut file = PathBuf::from(GUESTS_FILES[0]);
+    if let Some((script, defaults)) = read(&GUESTS_SCRIPTS) {
+        file = script;
+        settings.extend(defaults);
+    }
+    if let Some((conf, set)) = read(&GUESTS_FILES) {
+        if !set.is_empty() {
+            file = conf;
+        }
+        settings.extend(set);
+    }
+    let get = |k: &str| settings.get(k).cloned().unwrap_or_default();
+    GuestsService {
+        file,
+        on_boot: get("ON_BOOT"),
+        on_shutdown: get("ON_SHUTDOWN"),
+        shutdown_timeout: get("SHUTDOWN_TIMEOUT"),
+    }
+}
+
+fn domains() -> Result<Domains, String> {
+    let names = |flags: &[&str]| -> Result<BTreeSet<String>, String> {
+        let mut args = vec!["list", "--name"];
+        args.extend_from_slice(flags);
+        let out = virsh(&args, CALL_LIMIT).map_err(|e| e.to_string())?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
+    };
+    Ok(Domains {
+        autostart: names(&["--all", "--autostart"])?,
+        managed_save: names(&["--all", "--with-managed-save"])?,
+        active: names(&[])?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guest(name: &str, autostart: Autostart, force: bool, active: bool) -> Guest {
+        Guest {
+            workload: name.into(),
+            unit: format!("berth@{name}.service"),
+            domain: format!("dom-{name}"),
+            autostart,
+            force_off_on_timeout: force,
+            unit_active: active,
+        }
+    }
+
+    fn service(on_boot: &str, on_shutdown: &str) -> Option<GuestsService> {
+        Some(GuestsService {
+            file: "/etc/default/libvirt-guests".into(),
+            on_boot: on_boot.into(),
+            on_shutdown: on_shutdown.into(),
+            shutdown_timeout: "300".into(),
+        })
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn host(guests_service: Option<GuestsService>, domains: Domains) -> HostView {
+        HostView {
+            guests_service,
+            auto_shutdown: Vec::new(),
+            domains: Ok(domains),
+        }
+    }
+
+    /// Each case: the guests, the host, and the fragments the warnings
+    /// must hold, in order (none: no warning).
+    #[test]
+    fn each_fight_is_named() {
+        let plain = guest("vm", Autostart::Yes, true, true);
+        let cases: Vec<(&str, Vec<Guest>, HostView, Vec<&str>)> = vec![
+            (
+                "Debian's defaults and berth's guests running: nothing to say",
+                vec![plain.clone()],
+                host(
+                    service("ignore", "shutdown"),
+                    Domains {
+                        active: set(&["dom-vm"]),
+                        ..Default::default()
+                    },
+                ),
+                vec![],
+            ),
+            (
+                "ON_BOOT=start",
+                vec![plain.clone()],
+                host(service("start", "shutdown"), Domains::default()),
+                vec!["ON_BOOT=start (/etc/default/libvirt-guests)"],
+            ),
+            (
+                "ON_SHUTDOWN=suspend",
+                vec![plain.clone()],
+                host(service("ignore", "suspend"), Domains::default()),
+                vec!["ON_SHUTDOWN=suspend"],
+            ),
+            (
+                "a guest the drain may leave running, default libvirt-guests",
+                vec![guest("slow", Autostart::Yes, false, true)],
+                host(service("ignore", "shutdown"), Domains::default()),
+                vec!["(force_off_on_timeout = false: slow) for up to SHUTDOWN_TIMEOUT=300 s"],
+            ),
+            (
+                "libvirt-guests disabled",
+                vec![guest("slow", Autostart::Yes, false, true)],
+                host(None, Domains::default()),
+                vec![],
+            ),
+            (
+                "libvirt's autostart flag",
+                vec![plain.clone()],
+                host(
+                    None,
+                    Domains {
+                        autostart: set(&["dom-vm", "other"]),
+                        active: set(&["dom-vm"]),
+                        ..Default::default()
+                    },
+                ),
+                vec!["dom-vm (workload vm) has libvirt's autostart flag"],
+            ),
+            (
+                "a managed save no boot resumes",
+                vec![
+                    guest("off", Autostart::No, true, false),
+                    guest("on", Autostart::Yes, true, false),
+                    guest("last", Autostart::LastState, true, false),
+                ],
+                host(
+                    None,
+                    Domains {
+                        managed_save: set(&["dom-off", "dom-on", "dom-last"]),
+                        ..Default::default()
+                    },
+                ),
+                vec!["dom-off has a managed-save image, but workload off has autostart = false"],
+            ),
+            (
+                "a guest running without its unit",
+                vec![guest("stray", Autostart::Yes, true, false)],
+                host(
+                    None,
+                    Domains {
+                        active: set(&["dom-stray"]),
+                        ..Default::default()
+                    },
+                ),
+                vec!["dom-stray runs, but berth@stray.service is not active"],
+            ),
+            (
+                "virsh unanswered",
+                vec![plain.clone()],
+                HostView {
+                    guests_service: None,
+                    auto_shutdown: vec![(
+                        "/etc/libvirt/qemu.conf".into(),
+                        "auto_shutdown_try_shutdown".into(),
+                        "all".into(),
+                    )],
+                    domains: Err("failed to connect".into()),
+                },
+                vec![
+                    "/etc/libvirt/qemu.conf sets auto_shutdown_try_shutdown = \"all\"",
+                    "cannot ask libvirt about the guests' domains (failed to connect)",
+                ],
+            ),
+            (
+                "no guest configured",
+                vec![],
+                host(service("start", "suspend"), Domains::default()),
+                vec![],
+            ),
+        ];
+        for (what, guests, host, want) in cases {
+            let got = warnings(&guests, &host);
+            assert_eq!(got.len(), want.len(), "{what}: {got:#?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(g.contains(w), "{what}: {g:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn settings_files_read_as_the_shell_and_libvirt_read_them() {
+        let s = shell_settings(
+            "# comment\n#ON_BOOT=start\nON_BOOT=start\nON_SHUTDOWN=\"suspend\" # why\n  SHUTDOWN_TIMEOUT=120\nURIS=default\nnot a line\n",
+        );
+        assert_eq!(s["ON_BOOT"], "start");
+        assert_eq!(s["ON_SHUTDOWN"], "suspend");
+        assert_eq!(s["SHUTDOWN_TIMEOUT"], "120");
+        assert!(!s.contains_key("#ON_BOOT"));
+        let c = conf_settings(
+            "#auto_shutdown_try_save = \"persistent\"\nauto_shutdown_poweroff = \"all\"\nauto_shutdown_wait = 30\n",
+        );
+        assert_eq!(c.get("auto_shutdown_try_save"), None);
+        assert_eq!(c["auto_shutdown_poweroff"], "all");
+        assert_eq!(c["auto_shutdown_wait"], "30");
+    }
+}
