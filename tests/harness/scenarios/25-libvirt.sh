@@ -133,6 +133,13 @@ check_contains "warns: libvirt-guests' ON_BOOT=start" \
     "live: warning: libvirt-guests.service is enabled with ON_BOOT=start (/etc/default/libvirt-guests)" "$out"
 check_contains "warns: the QEMU driver's own shutdown actions" \
     'live: warning: /etc/libvirt/qemu.conf sets auto_shutdown_try_shutdown = "all"' "$out"
-ct virsh -q destroy berth-vm1 >/dev/null
+# A managed-save image of a workload with autostart = false: no boot
+# resumes it.
+ct virsh -q managedsave berth-vm1 >/dev/null
+sed -i 's/^autostart = .*/autostart = false/' "$CT_DIR/etc-berth/workloads/vm.toml"
+run berth check --live
+check_contains "warns: a managed save no boot resumes" \
+    "live: warning: libvirt domain berth-vm1 has a managed-save image, but workload vm has autostart = false" "$out"
+ct virsh -q managedsave-remove berth-vm1 >/dev/null
 ct_poweroff 180
 check_contains "saved again at the third power-off" '"outcome": "Saved"' "$(cat "$CT_DIR/state/last-drain.json")"
