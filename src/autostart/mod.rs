@@ -205,12 +205,14 @@ pub async fn run<O: Ops>(
 fn tell_last_state(last: &LastState, events: &Events) {
     match last {
         LastState::Known {
-            boot_id,
+            run,
             started_at,
             running,
             ..
         } => events.info(&format!(
-            "last state: the shutdown drain of boot {boot_id} began at {started_at} with {} workloads running",
+            "last state: the shutdown drain of run {} began at {} with {} workloads meant to run",
+            run.escape_debug(),
+            started_at.escape_debug(),
             running.len()
         )),
         LastState::Unknown(why) => events.warn(&format!(
@@ -456,7 +458,7 @@ mod tests {
         let loaded = crate::config::load(&root);
         let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
         let last = LastState::Known {
-            boot_id: "b1".into(),
+            run: "b1/1".into(),
             started_at: "T".into(),
             running: set(&["was_running"]),
             listed: set(&["was_running", "was_off", "always", "never"]),
@@ -473,7 +475,7 @@ mod tests {
         started.sort();
         assert_eq!(started, ["always", "new", "was_running"]);
         assert!(summary.actions.iter().any(|(n, a)| n == "was_off"
-            && matches!(a, Action::Skipped(r) if r.contains("not running when the last shutdown drain began"))));
+            && matches!(a, Action::Skipped(r) if r.contains("stopped when the last shutdown drain began"))));
 
         // Unknown: every last-state workload starts.
         let ops = ["was_running", "was_off", "new", "always", "never"]

@@ -99,13 +99,16 @@ fn check_live(root: &Root) -> i32 {
         let found = live::gather(&sd, &configured)
             .await
             .map_err(|e| anyhow::anyhow!("cannot inspect the loaded units: {e}"))?;
-        // libvirt-guests acts at boot and shutdown when enabled; a unit
-        // file systemd cannot find is not.
+        // libvirt-guests acts at boot when enabled, and at this shutdown
+        // when it is active, enabled or not.
         let guests_service = has_guests
-            && matches!(
+            && (matches!(
                 sd.unit_file_state("libvirt-guests.service").await,
-                Ok(UnitFileState::Enabled | UnitFileState::EnabledRuntime | UnitFileState::Linked)
-            );
+                Ok(UnitFileState::Enabled | UnitFileState::EnabledRuntime)
+            ) || sd
+                .active_state("libvirt-guests.service")
+                .await
+                .is_ok_and(|s| s.is_running()));
         Ok((found, guests_service))
     });
     let ((workloads, units), guests_service) = match gathered {

@@ -80,9 +80,10 @@ fn report_text(report: &Report) -> String {
         if report.deadline_reached { ", reached" } else { "" },
         report.parallelism,
         match (report.shutdown, report.boot_id.as_str()) {
-            (true, "") => "by a shutdown".to_string(),
-            (true, boot) => format!("by the shutdown of boot {boot}"),
-            (false, _) => "by hand".to_string(),
+            (Some(true), "") => "by a shutdown".to_string(),
+            (Some(true), boot) => format!("by the shutdown of boot {}", boot.escape_debug()),
+            (Some(false), _) => "by hand".to_string(),
+            (None, _) => "by a shutdown or by hand (not recorded)".to_string(),
         }
     );
     for w in &report.workloads {

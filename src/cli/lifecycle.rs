@@ -3,11 +3,12 @@
 //! (what berth@.service runs when a workload has no definition).
 
 use super::{fail, say_error, with_systemd};
-use crate::autostart::last_state::{self, LastState, Unknown};
+use crate::autostart::last_state::{self, LastState};
 use crate::config::{self, Loaded};
 use crate::events::Events;
 use crate::paths::Root;
-use crate::state::{boots, drain_report, freeze};
+use crate::state::{drain_report, freeze, runs};
+use crate::systemd::{Ops, SystemdError};
 
 /// What both helpers start with: the config (its problems logged, the
 /// rest used) and the journal.
@@ -22,8 +23,8 @@ pub(super) fn helper_context(root: &Root) -> (Loaded, Events) {
 
 pub(super) fn autostart(root: &Root) -> i32 {
     let (loaded, events) = helper_context(root);
-    let last = last_state(root, &events);
     let ran = with_systemd(root, |sd| async move {
+        let last = last_state(root, sd.manager_started_us().await, &events);
         crate::autostart::run(&sd, root, &loaded, freeze::node_frozen(root), &last, &events)
             .await
             .map_err(|e| anyhow::anyhow!("cannot ask systemd about the workloads: {e}"))
@@ -34,17 +35,19 @@ pub(super) fn autostart(root: &Root) -> i32 {
     }
 }
 
-/// Notes this boot, then judges the last drain's report by it.
-fn last_state(root: &Root, events: &Events) -> LastState {
-    let boots = match boots::note_current(root) {
-        Ok(b) => b,
-        Err(e) => {
-            events.warn(&e);
-            // Without this boot's id no report can be placed.
-            return LastState::Unknown(Unknown::Unreadable(e));
-        }
-    };
-    last_state::judge(drain_report::read(root).map(|(_, r)| r), &boots)
+/// Notes this run of the manager, then judges the last drain's report by
+/// it.
+fn last_state(root: &Root, manager_started: Result<u64, SystemdError>, events: &Events) -> LastState {
+    let runs = manager_started
+        .map_err(|e| format!("cannot ask when the manager started: {e}"))
+        .and_then(|started| runs::note_current(root, started));
+    if let Err(e) = &runs {
+        events.warn(e);
+    }
+    last_state::judge(
+        drain_report::read(root).map(|(_, r)| r),
+        runs.as_ref().map_err(String::as_str),
+    )
 }
 
 pub(super) fn not_configured(root: &Root, name: &str) -> i32 {

@@ -162,9 +162,14 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         return Err(StartError::Signals(std::io::Error::last_os_error()));
     };
     let loaded = config::load(&root);
-    // A boot the daemon ran in is a boot berth saw, even when the
-    // autostart did not run (`autostart = "last-state"` counts boots).
-    if let Err(e) = crate::state::boots::note_current(&root) {
+    // A run of the manager the daemon worked in is one berth saw, even
+    // when the autostart did not run (`autostart = "last-state"` counts
+    // runs).
+    let noted = match sd.manager_started_us().await {
+        Ok(started) => crate::state::runs::note_current(&root, started),
+        Err(e) => Err(format!("cannot ask when the manager started: {e}")),
+    };
+    if let Err(e) = noted {
         events.warn(&e);
     }
     let interval = options

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 // tokio's clock: the same as std's in production, and pausable in tests.
 use tokio::time::Instant;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 
 use futures_util::StreamExt;
@@ -15,11 +15,11 @@ use futures_util::stream::FuturesUnordered;
 
 use super::plan::{self, Target};
 use super::progress::{Progress, WAITING_EVERY};
-use super::report::{log_outcome, record, summarize, this_boot, write, write_record};
+use super::report::{log_outcome, record, summarize, this_run, write, write_record};
 use crate::config::{Loaded, StopAction};
 use crate::events::Events;
 use crate::paths::Root;
-use crate::state::drain_report::{Outcome, Report, StopResult};
+use crate::state::drain_report::{Found, Outcome, Report, StopResult};
 use crate::state::records::{self, Updated};
 use crate::state::{atomic, lock};
 use crate::systemd::{ActiveState, Job, JobResult, MAX_JOBS_IN_FLIGHT, Ops, SystemdError, UnitStatus};
@@ -56,8 +56,13 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     let spent = deadline + BUDGET_AFTER_DEADLINE;
     let existing = loaded.workload_units().existing_units();
     // Asked together: a bus that stopped answering costs one wait.
-    let (listed, state) = tokio::join!(ops.list_workloads(&existing), ops.system_state());
-    let shutdown = matches!(state.as_deref(), Ok("stopping"));
+    let (listed, state, manager_started) = tokio::join!(
+        ops.list_workloads(&existing),
+        ops.system_state(),
+        ops.manager_started_us()
+    );
+    let shutdown = state.ok().map(|s| s == "stopping");
+    let listed_ok = listed.is_ok();
     let live = match listed {
         Ok(mut live) => {
             // systemd lists no alias: an existing unit named by one (which
@@ -99,6 +104,7 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
                 .collect()
         }
     };
+    let found = listed_ok.then(|| found_states(loaded, &live));
     let groups = plan::groups(loaded, &live);
     let everyone: Vec<(String, String)> = groups
         .iter()
@@ -139,12 +145,19 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
                 code: Some("E_SYSTEMD".to_string()),
                 elapsed_ms: started.elapsed().as_millis() as u64,
                 detail: Some("no answer from systemd before the drain's budget ran out".to_string()),
+                found: None,
             };
             record(root, &r, None, events);
             results.push(r);
         }
     }
 
+    if let Some(found) = &found {
+        for r in &mut results {
+            r.found = Some(found.get(&r.workload).copied().unwrap_or(Found::Off));
+        }
+    }
+    let (boot_id, run) = this_run(root, manager_started.ok(), events);
     let report = Report {
         started_at,
         finished_at: rfc3339(SystemTime::now()),
@@ -152,13 +165,34 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
         deadline_s: loaded.host.drain_deadline_s,
         parallelism: loaded.host.drain_parallelism,
         deadline_reached: Instant::now() >= deadline,
-        boot_id: this_boot(root, events),
+        boot_id,
+        run,
         shutdown,
+        node_frozen: crate::state::freeze::node_frozen(root),
         workloads: results,
     };
     summarize(&report, events);
     write(root, &report, events);
     report
+}
+
+/// How each configured workload's unit was when the drain began, by
+/// workload (absent: its unit is not loaded, so off).
+fn found_states(loaded: &Loaded, live: &[UnitStatus]) -> BTreeMap<String, Found> {
+    let units = loaded.workload_units();
+    live.iter()
+        .filter_map(|u| {
+            let name = units.workload_of(&u.name)?;
+            let found = if u.is_running() {
+                Found::Running
+            } else if u.active_state == ActiveState::Failed {
+                Found::Failed
+            } else {
+                Found::Off
+            };
+            Some((name.to_string(), found))
+        })
+        .collect()
 }
 
 /// The groups, in order, `parallelism` stops at a time; past the deadline
@@ -342,6 +376,7 @@ async fn stop_one<O: Ops>(
         code: code.map(str::to_string),
         elapsed_ms: began.elapsed().as_millis() as u64,
         detail,
+        found: None,
     };
     (result, lock)
 }

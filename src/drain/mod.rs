@@ -173,26 +173,51 @@ pub(crate) mod tests {
     /// `autostart = "last-state"` what was running; each report says
     /// which it was and in which boot.
     #[tokio::test(start_paused = true)]
-    async fn the_report_says_whether_a_shutdown_ran_it_and_in_which_boot() {
-        let (_d, root, loaded) = setup("", &[("a", ""), ("b", "")]);
-        for (state, shutdown) in [("running", false), ("stopping", true), ("degraded", false)] {
-            let ops = FakeOps::default().unit("a", true, Behaviour::Takes(SEC)).unit(
-                "b",
-                false,
-                Behaviour::Takes(SEC),
-            );
+    async fn the_report_says_whether_a_shutdown_ran_it_in_which_run_and_how_it_found_each() {
+        use crate::state::drain_report::Found;
+        let (_d, root, loaded) = setup("", &[("a", ""), ("b", ""), ("c", "")]);
+        for (state, shutdown) in [
+            ("running", Some(false)),
+            ("stopping", Some(true)),
+            ("degraded", Some(false)),
+        ] {
+            let ops = FakeOps::default()
+                .unit("a", true, Behaviour::Takes(SEC))
+                .unit("b", false, Behaviour::Takes(SEC))
+                .unit("c", false, Behaviour::Takes(SEC));
+            ops.states
+                .borrow_mut()
+                .insert("berth@c.service".into(), crate::systemd::ActiveState::Failed);
+            ops.manager_started_us.set(42);
             *ops.system_state.borrow_mut() = Some(state.into());
             let report = drain_now(&ops, &root, &loaded).await;
             assert_eq!(report.shutdown, shutdown, "{state}");
-            assert_eq!(report.boot_id, crate::state::boots::current().unwrap());
-            assert_eq!(report.found_running().collect::<Vec<_>>(), ["a"]);
+            let boot = crate::state::runs::boot_id().unwrap();
+            assert_eq!(report.boot_id, boot);
+            assert_eq!(report.run, format!("{boot}/42"));
+            let found: BTreeMap<&str, Option<Found>> = report
+                .workloads
+                .iter()
+                .map(|w| (w.workload.as_str(), w.found))
+                .collect();
+            assert_eq!(
+                found,
+                BTreeMap::from([
+                    ("a", Some(Found::Running)),
+                    ("b", Some(Found::Off)),
+                    ("c", Some(Found::Failed))
+                ])
+            );
+            let mut meant: Vec<&str> = report.meant_to_run().collect();
+            meant.sort();
+            assert_eq!(meant, ["a", "c"]);
             let (_, stored) = crate::state::drain_report::read(&root).unwrap();
             assert_eq!(stored.shutdown, shutdown);
         }
         assert_eq!(
-            crate::state::boots::read(&root).current,
-            crate::state::boots::current().unwrap(),
-            "the drain notes its boot"
+            crate::state::runs::read(&root).current,
+            format!("{}/42", crate::state::runs::boot_id().unwrap()),
+            "the drain notes its run"
         );
     }
 

@@ -37,6 +37,7 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
             code: Some("E_SYSTEMD".into()),
             elapsed_ms: 0,
             detail: Some(format!("systemd unreachable: {error}")),
+            found: None,
         })
         .collect();
     for r in &workloads {
@@ -49,22 +50,35 @@ pub fn unreachable(root: &Root, loaded: &Loaded, error: &SystemdError, events: &
         deadline_s: loaded.host.drain_deadline_s,
         parallelism: loaded.host.drain_parallelism,
         deadline_reached: false,
-        boot_id: this_boot(root, events),
+        boot_id: this_run(root, None, events).0,
+        run: String::new(),
         // Whether systemd is shutting down cannot be asked.
-        shutdown: false,
+        shutdown: None,
+        node_frozen: crate::state::freeze::node_frozen(root),
         workloads,
     };
     write(root, &report, events);
 }
 
-/// This boot's id, noted in the boots ledger: a boot that ends in a drain
-/// is seen even when nothing else of berth ran in it.
-pub(super) fn this_boot(root: &Root, events: &Events) -> String {
-    match crate::state::boots::note_current(root) {
-        Ok(boots) => boots.current,
+/// This boot's id and this run's, noted in the runs ledger: a run that
+/// ends in a drain is seen even when nothing else of berth ran in it.
+/// Empty when unknown.
+pub(super) fn this_run(root: &Root, manager_started_us: Option<u64>, events: &Events) -> (String, String) {
+    let boot_id = match crate::state::runs::boot_id() {
+        Ok(id) => id,
+        Err(e) => {
+            events.warn(&format!("cannot read this boot's id: {e}"));
+            return (String::new(), String::new());
+        }
+    };
+    let Some(started) = manager_started_us else {
+        return (boot_id, String::new());
+    };
+    match crate::state::runs::note_current(root, started) {
+        Ok(runs) => (boot_id, runs.current),
         Err(e) => {
             events.warn(&e);
-            String::new()
+            (boot_id, String::new())
         }
     }
 }

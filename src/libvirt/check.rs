@@ -48,6 +48,9 @@ pub struct HostView {
     /// `(file, key, value)`: qemu.conf's auto_shutdown_* actions that are
     /// not "none".
     pub auto_shutdown: Vec<(PathBuf, String, String)>,
+    /// A settings file that exists but cannot be read (qemu.conf is
+    /// root's alone on Debian).
+    pub unreadable: Option<String>,
     /// From virsh, or why it could not be asked.
     pub domains: Result<Domains, String>,
 }
@@ -73,12 +76,32 @@ const AUTO_SHUTDOWN_KEYS: [&str; 3] = [
     "auto_shutdown_poweroff",
 ];
 
-/// `KEY=value` and `KEY="value"` lines of a shell settings file; comments
-/// and anything else are skipped.
+/// A value as a shell or libvirt's parser reads it: up to its closing
+/// quote when quoted, else up to the first blank (a comment may follow).
+fn value_of(raw: &str) -> String {
+    let raw = raw.trim_start();
+    for q in ['"', '\''] {
+        if let Some(rest) = raw.strip_prefix(q) {
+            return rest.split(q).next().unwrap_or("").to_string();
+        }
+    }
+    raw.split(|c: char| c.is_whitespace() || c == '#' || c == ';')
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `KEY=value`, `KEY="value"` and `export KEY=value` lines of a shell
+/// settings file; comments and anything else are skipped.
 pub fn shell_settings(text: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
         let line = line.trim();
+        let line = line
+            .strip_prefix("export")
+            .filter(|l| l.starts_with([' ', '\t']))
+            .unwrap_or(line)
+            .trim_start();
         let Some((key, value)) = line.split_once('=') else {
             continue;
         };
@@ -89,9 +112,7 @@ pub fn shell_settings(text: &str) -> BTreeMap<String, String> {
         {
             continue;
         }
-        let value = value.split(" #").next().unwrap_or("").trim();
-        let value = value.trim_matches(|c| c == '"' || c == '\'');
-        out.insert(key.to_string(), value.to_string());
+        out.insert(key.to_string(), value_of(value));
     }
     out
 }
@@ -107,8 +128,7 @@ pub fn conf_settings(text: &str) -> BTreeMap<String, String> {
         let Some((key, value)) = line.split_once('=') else {
             continue;
         };
-        let value = value.trim().trim_matches('"');
-        out.insert(key.trim().to_string(), value.to_string());
+        out.insert(key.trim().to_string(), value_of(value));
     }
     out
 }
@@ -138,7 +158,7 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
                 "libvirt-guests.service is enabled with ON_SHUTDOWN={} ({}): it runs after berth's drain and \
                  acts on every guest still running{}; set ON_SHUTDOWN=shutdown, and stop_action = \"save\" \
                  on the workloads to save",
-                s.on_shutdown,
+                s.on_shutdown.escape_debug(),
                 s.file.display(),
                 if left_running.is_empty() {
                     String::new()
@@ -157,7 +177,7 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
                  SHUTDOWN_TIMEOUT={} s more, which the power-off waits for",
                 s.file.display(),
                 left_running.join(", "),
-                s.shutdown_timeout
+                s.shutdown_timeout.escape_debug()
             ));
         }
     }
@@ -170,12 +190,19 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
             value.escape_debug()
         ));
     }
+    if let Some(e) = &host.unreadable {
+        out.push(format!(
+            "cannot read {}: its auto_shutdown_* settings are not checked (run as root)",
+            e.escape_debug()
+        ));
+    }
     let domains = match &host.domains {
         Ok(d) => d,
         Err(e) => {
             out.push(format!(
-                "cannot ask libvirt about the guests' domains ({e}): their autostart flags, managed-save \
-                 images and states are not checked"
+                "cannot ask libvirt about the guests' domains ({}): their autostart flags, managed-save \
+                 images and states are not checked",
+                e.escape_debug()
             ));
             return out;
         }
@@ -189,11 +216,18 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
                 g.workload
             ));
         }
-        if domains.managed_save.contains(d) && g.autostart == Autostart::No && !g.unit_active {
+        if domains.managed_save.contains(d) && g.autostart != Autostart::Yes && !g.unit_active {
+            let (mode, then) = match g.autostart {
+                Autostart::LastState => (
+                    "\"last-state\"",
+                    "the next boot resumes it only if its unit runs at the next shutdown",
+                ),
+                _ => ("false", "no boot resumes it"),
+            };
             out.push(format!(
-                "libvirt domain {d} has a managed-save image, but workload {} has autostart = false: no boot \
-                 resumes it; `systemctl start {}` resumes it, `virsh managedsave-remove {d}` discards it",
-                g.workload, g.unit
+                "libvirt domain {d} has a managed-save image, but {} is down and workload {} has autostart = \
+                 {mode}: {then}; `systemctl start {}` resumes it, `virsh managedsave-remove {d}` discards it",
+                g.unit, g.workload, g.unit
             ));
         }
         if domains.active.contains(d) && !g.unit_active {
@@ -210,9 +244,9 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
 /// Reads the host's libvirt settings (under `root`) and asks virsh.
 pub fn gather(root: &Root, guests_service_enabled: bool) -> HostView {
     let guests_service = guests_service_enabled.then(|| guests_service(root));
-    let qemu_conf = root.join(QEMU_CONF);
-    let auto_shutdown = std::fs::read_to_string(&qemu_conf)
-        .map(|text| {
+    let mut unreadable = None;
+    let auto_shutdown = match std::fs::read_to_string(root.join(QEMU_CONF)) {
+        Ok(text) => {
             let settings = conf_settings(&text);
             AUTO_SHUTDOWN_KEYS
                 .iter()
@@ -221,11 +255,17 @@ pub fn gather(root: &Root, guests_service_enabled: bool) -> HostView {
                     (v != "none").then(|| (PathBuf::from(QEMU_CONF), k.to_string(), v.clone()))
                 })
                 .collect()
-        })
-        .unwrap_or_default();
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            unreadable = Some(format!("{QEMU_CONF}: {e}"));
+            Vec::new()
+        }
+    };
     HostView {
         guests_service,
         auto_shutdown,
+        unreadable,
         domains: domains(),
     }
 }
@@ -313,6 +353,7 @@ mod tests {
         HostView {
             guests_service,
             auto_shutdown: Vec::new(),
+            unreadable: None,
             domains: Ok(domains),
         }
     }
@@ -386,7 +427,10 @@ mod tests {
                         ..Default::default()
                     },
                 ),
-                vec!["dom-off has a managed-save image, but workload off has autostart = false"],
+                vec![
+                    "dom-off has a managed-save image, but berth@off.service is down and workload off has autostart = false: no boot",
+                    "dom-last has a managed-save image, but berth@last.service is down and workload last has autostart = \"last-state\": the next boot resumes it only if",
+                ],
             ),
             (
                 "a guest running without its unit",
@@ -410,10 +454,12 @@ mod tests {
                         "auto_shutdown_try_shutdown".into(),
                         "all".into(),
                     )],
+                    unreadable: Some("/etc/libvirt/qemu.conf: Permission denied (os error 13)".into()),
                     domains: Err("failed to connect".into()),
                 },
                 vec![
                     "/etc/libvirt/qemu.conf sets auto_shutdown_try_shutdown = \"all\"",
+                    "cannot read /etc/libvirt/qemu.conf: Permission denied",
                     "cannot ask libvirt about the guests' domains (failed to connect)",
                 ],
             ),
@@ -433,20 +479,51 @@ mod tests {
         }
     }
 
+    /// Review of issue 12: `export`, tabs before comments and comments
+    /// after libvirt values were misread.
     #[test]
     fn settings_files_read_as_the_shell_and_libvirt_read_them() {
         let s = shell_settings(
-            "# comment\n#ON_BOOT=start\nON_BOOT=start\nON_SHUTDOWN=\"suspend\" # why\n  SHUTDOWN_TIMEOUT=120\nURIS=default\nnot a line\n",
+            "# comment\n#ON_BOOT=start\nON_BOOT=start\nON_SHUTDOWN=\"suspend\" # why\n  SHUTDOWN_TIMEOUT=120\t# s\n\
+             export PARALLEL_SHUTDOWN=2\nURIS=default\nnot a line\n",
         );
         assert_eq!(s["ON_BOOT"], "start");
         assert_eq!(s["ON_SHUTDOWN"], "suspend");
         assert_eq!(s["SHUTDOWN_TIMEOUT"], "120");
+        assert_eq!(s["PARALLEL_SHUTDOWN"], "2");
         assert!(!s.contains_key("#ON_BOOT"));
         let c = conf_settings(
-            "#auto_shutdown_try_save = \"persistent\"\nauto_shutdown_poweroff = \"all\"\nauto_shutdown_wait = 30\n",
+            "#auto_shutdown_try_save = \"persistent\"\nauto_shutdown_poweroff = \"all\"\n\
+             auto_shutdown_try_shutdown = \"none\"  # off\nauto_shutdown_wait = 30 # s\n",
         );
         assert_eq!(c.get("auto_shutdown_try_save"), None);
         assert_eq!(c["auto_shutdown_poweroff"], "all");
+        assert_eq!(c["auto_shutdown_try_shutdown"], "none");
         assert_eq!(c["auto_shutdown_wait"], "30");
+    }
+
+    /// Hostile settings never reach the terminal as control characters.
+    #[test]
+    fn settings_are_escaped_in_warnings() {
+        let host = HostView {
+            guests_service: Some(GuestsService {
+                file: "/etc/default/libvirt-guests".into(),
+                on_boot: "ignore".into(),
+                on_shutdown: "\x1b[2Jsuspend".into(),
+                shutdown_timeout: "\x1b]0;x\x07".into(),
+            }),
+            auto_shutdown: vec![(
+                "/etc/libvirt/qemu.conf".into(),
+                "auto_shutdown_poweroff".into(),
+                "\x1b[1m".into(),
+            )],
+            unreadable: None,
+            domains: Err("\x1b[31mred".into()),
+        };
+        let got = warnings(&[guest("slow", Autostart::Yes, false, true)], &host);
+        assert_eq!(got.len(), 3, "{got:#?}");
+        for w in got {
+            assert!(!w.chars().any(char::is_control), "{w:?}");
+        }
     }
 }

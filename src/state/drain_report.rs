@@ -69,6 +69,18 @@ impl Outcome {
     }
 }
 
+/// How the drain found a workload's unit when it began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Found {
+    /// Active, activating, reloading or deactivating.
+    Running,
+    /// Failed: it crashed or its start failed; nobody stopped it.
+    Failed,
+    /// Inactive: stopped (by an admin, or itself), or never started.
+    Off,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StopResult {
     pub workload: String,
@@ -84,6 +96,10 @@ pub struct StopResult {
     pub elapsed_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// How its unit was when the drain began; absent when systemd could
+    /// not list the units (and in reports written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found: Option<Found>,
 }
 
 impl StopResult {
@@ -109,22 +125,36 @@ pub struct Report {
     /// recorded).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub boot_id: String,
+    /// The run of the manager it ran in (`BOOT_ID/MANAGER_START_US`, see
+    /// `state::runs`); empty when unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
     /// Run by a shutdown (systemd's SystemState was "stopping" when it
-    /// began), not by hand: only such a drain tells `autostart =
-    /// "last-state"` what was running.
+    /// began: true), or by hand (false); null when that could not be
+    /// asked, and absent from reports written before it was recorded.
+    /// Only a shutdown's drain tells `autostart = "last-state"` what ran.
     #[serde(default)]
-    pub shutdown: bool,
+    pub shutdown: Option<bool>,
+    /// Why the node was frozen in the run that ended with this drain (the
+    /// autostart did not run then: what was off says nothing of what
+    /// should run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_frozen: Option<String>,
     pub workloads: Vec<StopResult>,
 }
 
 impl Report {
     /// How many workloads ended with each outcome, in outcome order.
-    /// The workloads it found running: every outcome but AlreadyOff
-    /// (ForcedOff, TimedOut and Failed ones were running too).
-    pub fn found_running(&self) -> impl Iterator<Item = &str> {
+    /// The workloads meant to run when it began: those it found running,
+    /// or failed (crashed, or a start that failed: nobody stopped them).
+    /// When it could not tell, every outcome but AlreadyOff counts.
+    pub fn meant_to_run(&self) -> impl Iterator<Item = &str> {
         self.workloads
             .iter()
-            .filter(|r| r.outcome != Outcome::AlreadyOff)
+            .filter(|r| match r.found {
+                Some(found) => found != Found::Off,
+                None => r.outcome != Outcome::AlreadyOff,
+            })
             .map(|r| r.workload.as_str())
     }
 

@@ -4,7 +4,7 @@
 //!   and why), under the workload's lock.
 //! - [`freeze`]: node and instance freeze flags.
 //! - [`drain_report`]: the last drain's report (`last-drain.json`).
-//! - [`boots`]: this boot's id and the one before (`boots.json`).
+//! - [`runs`]: this run of the manager and the one before (`runs.json`).
 //! - [`manifest`]: what `berth install` did (`install.json`).
 //! - [`atomic`]: the one atomic replace (temporary file, fsync, rename,
 //!   fsync of the directory) that all of the above write through.
@@ -12,9 +12,9 @@
 //!   single-instance lock.
 
 pub mod atomic;
-pub mod boots;
 pub mod drain_report;
 pub mod freeze;
 pub mod lock;
 pub mod manifest;
 pub mod records;
+pub mod runs;

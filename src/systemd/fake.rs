@@ -59,6 +59,8 @@ pub struct FakeOps {
     pub reloads: RefCell<u32>,
     /// The manager's SystemState; "running" unless a test says otherwise.
     pub system_state: RefCell<Option<String>>,
+    /// What manager_started_us() answers (0: 1).
+    pub manager_started_us: std::cell::Cell<u64>,
     /// A daemon-reload that outlasts the call's timeout (it goes on).
     pub reload_times_out: std::cell::Cell<bool>,
     /// unit → an ActiveState other than what its running flag says.
@@ -184,7 +186,12 @@ impl Ops for FakeOps {
             .map(|(name, (running, _))| UnitStatus {
                 name: name.clone(),
                 load_state: LoadState::Loaded,
-                active_state: state(*running),
+                active_state: self
+                    .states
+                    .borrow()
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| state(*running)),
                 sub_state: String::new(),
                 path: crate::names::unit_object_path(name),
             })
@@ -301,6 +308,10 @@ impl Ops for FakeOps {
             return Err(SystemdError::local("Reload", "the manager", "timed out"));
         }
         Ok(())
+    }
+
+    async fn manager_started_us(&self) -> Result<u64, SystemdError> {
+        Ok(self.manager_started_us.get().max(1))
     }
 
     async fn system_state(&self) -> Result<String, SystemdError> {

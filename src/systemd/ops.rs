@@ -50,6 +50,9 @@ pub trait Ops {
     async fn reload(&self) -> Result<(), SystemdError>;
     /// The manager's SystemState: "running", "degraded", "stopping", …
     async fn system_state(&self) -> Result<String, SystemdError>;
+    /// When this manager started (UserspaceTimestampMonotonic, µs): with
+    /// the boot id, which run of the manager this is.
+    async fn manager_started_us(&self) -> Result<u64, SystemdError>;
     /// `systemctl enable` without the reload.
     async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError>;
     /// `systemctl disable` without the reload.
@@ -287,6 +290,15 @@ impl Ops for Systemd {
     async fn system_state(&self) -> Result<String, SystemdError> {
         self.bounded("Get SystemState of", "the manager", self.manager.system_state())
             .await
+    }
+
+    async fn manager_started_us(&self) -> Result<u64, SystemdError> {
+        self.bounded(
+            "Get UserspaceTimestampMonotonic of",
+            "the manager",
+            self.manager.userspace_timestamp_monotonic(),
+        )
+        .await
     }
 
     async fn enable_unit_file(&self, unit: &str) -> Result<(), SystemdError> {

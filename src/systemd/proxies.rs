@@ -54,6 +54,11 @@ pub trait Manager {
     #[zbus(property)]
     fn system_state(&self) -> zbus::Result<String>;
 
+    /// When this manager's userspace began (CLOCK_MONOTONIC, µs): a new
+    /// value for each start of a user manager.
+    #[zbus(property)]
+    fn userspace_timestamp_monotonic(&self) -> zbus::Result<u64>;
+
     #[zbus(signal)]
     fn job_new(&self, id: u32, job: OwnedObjectPath, unit: String) -> zbus::Result<()>;
 

@@ -115,7 +115,7 @@ check_eq "last-state: the guest the admin stopped stays off" inactive "$(ct_prop
 check_eq "... its domain too" "shut off" "$(ct virsh -q domstate berth-vm1 | head -n1)"
 check_eq "last-state: the one forced off is started" active "$(ct_prop berth@stubborn.service ActiveState)"
 check_contains "the autostart says why vm stays off" \
-    'not starting berth@vm.service: autostart = "last-state" and it was not running when the last shutdown drain began' \
+    'not starting berth@vm.service: autostart = "last-state" and it was stopped when the last shutdown drain began' \
     "$(ct journalctl -b -u berth-autostart.service -o cat --no-pager)"
 
 # check --live names what fights berth over its guests.
@@ -139,7 +139,7 @@ ct virsh -q managedsave berth-vm1 >/dev/null
 sed -i 's/^autostart = .*/autostart = false/' "$CT_DIR/etc-berth/workloads/vm.toml"
 run berth check --live
 check_contains "warns: a managed save no boot resumes" \
-    "live: warning: libvirt domain berth-vm1 has a managed-save image, but workload vm has autostart = false" "$out"
+    "live: warning: libvirt domain berth-vm1 has a managed-save image, but berth@vm.service is down and workload vm has autostart = false: no boot resumes it" "$out"
 ct virsh -q managedsave-remove berth-vm1 >/dev/null
 ct_poweroff 180
 check_contains "saved again at the third power-off" '"outcome": "Saved"' "$(cat "$CT_DIR/state/last-drain.json")"
