@@ -514,24 +514,29 @@ async fn force_or_abandon<O: Ops>(
         }
         return Ok((Outcome::TimedOut, Some("E_DRAIN_GUEST_TIMEOUT"), None));
     }
-    if let Err(e) = force(ops, t).await
-        && !e.is_gone()
-    {
-        return Err(e);
-    }
+    // A kill that reports an error may have done its work all the same
+    // (systemd 252 killed the main process, then failed on the cgroup
+    // going away: EIO): what the stop job says decides.
+    let kill_error = force(ops, t).await.err().filter(|e| !e.is_gone());
     let job = match job {
         Some(job) => job,
         None => ops.stop(&t.unit).await?,
     };
-    match ops.wait(&job, Some(FORCE_SETTLE)).await {
-        Some(JobResult::Done) => Ok((Outcome::ForcedOff, Some(code), None)),
-        other => Ok((
+    match (ops.wait(&job, Some(FORCE_SETTLE)).await, kill_error) {
+        (Some(JobResult::Done), None) => Ok((Outcome::ForcedOff, Some(code), None)),
+        (Some(JobResult::Done), Some(e)) => Ok((
+            Outcome::ForcedOff,
+            Some(code),
+            Some(format!("down, though the kill reported: {e}")),
+        )),
+        (other, kill_error) => Ok((
             Outcome::Failed,
             Some("E_SYSTEMD"),
             Some(format!(
-                "no stop within {} s of SIGKILL ({})",
+                "no stop within {} s of SIGKILL ({}){}",
                 FORCE_SETTLE.as_secs(),
-                describe(&other)
+                describe(&other),
+                kill_error.map(|e| format!("; the kill: {e}")).unwrap_or_default()
             )),
         )),
     }

@@ -293,6 +293,28 @@ pub(crate) mod tests {
         assert!(!guests.join("vm").exists(), "taken by the drain");
     }
 
+    /// Seen in CI on systemd 252 under load: KillUnit answered EIO (the
+    /// cgroup was going away) although the main process got SIGKILL and
+    /// the unit went down; the drain reported Failed.
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_that_reports_an_error_but_worked_is_forced_off() {
+        let (_d, root, loaded) = setup("", &[("hard", "stop_delay_s = 3")]);
+        let ops = FakeOps::default().unit("hard", true, Behaviour::IgnoresTerm);
+        ops.kill_reports_eio.set(true);
+        let report = drain_now(&ops, &root, &loaded).await;
+        assert_eq!(
+            outcomes(&report)["hard"],
+            (Outcome::ForcedOff, Some("E_DRAIN_FORCED_OFF"))
+        );
+        assert!(
+            report.workloads[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("Input/output error")),
+            "{report:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_workload_that_ignores_sigterm_is_forced_at_its_stop_delay() {
         let (_d, root, loaded) = setup(

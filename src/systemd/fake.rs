@@ -59,6 +59,8 @@ pub struct FakeOps {
     pub reloads: RefCell<u32>,
     /// The manager's SystemState; "running" unless a test says otherwise.
     pub system_state: RefCell<Option<String>>,
+    /// kill() ends the unit's jobs but answers with an error.
+    pub kill_reports_eio: std::cell::Cell<bool>,
     /// What manager_started_us() answers (0: 1).
     pub manager_started_us: std::cell::Cell<u64>,
     /// A daemon-reload that outlasts the call's timeout (it goes on).
@@ -231,6 +233,17 @@ impl Ops for FakeOps {
     async fn kill(&self, unit: &str) -> Result<(), SystemdError> {
         self.killed.borrow_mut().push(unit.into());
         self.end_jobs_now(unit);
+        if self.kill_reports_eio.get() {
+            // systemd 252 under load: the main process got SIGKILL, the
+            // cgroup's other processes could not be signalled (it was
+            // going away), and KillUnit says so.
+            return Err(SystemdError {
+                operation: "KillUnit",
+                unit: unit.into(),
+                error_name: "org.freedesktop.DBus.Error.IOError".into(),
+                message: "Failed to send signal SIGKILL to auxiliary processes: Input/output error".into(),
+            });
+        }
         Ok(())
     }
 

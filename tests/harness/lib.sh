@@ -21,6 +21,21 @@ BOOT_TIMEOUT=${HARNESS_BOOT_TIMEOUT:-90}
 log() { printf '%s\n' "$*" >&2; }
 die() { log "harness: $*"; exit 1; }
 
+# One harness run at a time on a machine. The containers boot with
+# --keep-unit from the caller's cgroup: two at once share it, and each
+# one's systemd removes the other's cgroups (seen: a drain that could not
+# start, "Failed to attach to cgroup", and KillUnit failing with EIO). The
+# lock is taken once per run; scenarios and benchmarks started by it
+# inherit it.
+if [ -z "${BERTH_HARNESS_LOCK_FD:-}" ] && [ -w /run/lock ]; then
+    exec {BERTH_HARNESS_LOCK_FD}>/run/lock/berth-harness.lock
+    if ! flock -n "$BERTH_HARNESS_LOCK_FD"; then
+        log "harness: another harness run holds /run/lock/berth-harness.lock; waiting for it"
+        flock "$BERTH_HARNESS_LOCK_FD"
+    fi
+    export BERTH_HARNESS_LOCK_FD
+fi
+
 # ---------------------------------------------------------------------------
 # Requirements: outside CI a missing requirement skips loudly; under
 # CI=true it fails, so CI never counts a skip as a pass.
