@@ -13,6 +13,7 @@ mod macros;
 pub mod api;
 pub mod autostart;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod drain;

@@ -202,6 +202,7 @@ mod tests {
             user: None,
             group: None,
             service: vec![],
+            ha: None,
         }
     }
 

@@ -124,7 +124,15 @@ pub async fn run<O: Ops>(
             if running.contains(&w.name) {
                 continue;
             }
-            let skip = match last_state::decide(w.autostart, &w.name, last) {
+            // An HA workload is started by its owner's daemon, never here:
+            // the autostart runs without the daemon and would double-run it
+            // after a reboot (issue 13).
+            let decision = if w.ha.is_some() {
+                Decision::Skip("ha = true: only its owner in the cluster starts it (berth-daemon)".into())
+            } else {
+                last_state::decide(w.autostart, &w.name, last)
+            };
+            let skip = match decision {
                 Decision::Skip(reason) => Some(reason),
                 decision => freeze::instance_frozen(root, &w.name).or_else(|| {
                     if let Decision::StartBecause(why) = decision {
@@ -487,6 +495,43 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(summary.count(|a| *a == Action::Started), 4);
+    }
+
+    /// Issue 13: the autostart runs without the daemon and would
+    /// double-run an HA workload after a reboot; its owner starts it.
+    #[tokio::test(start_paused = true)]
+    async fn ha_workloads_are_left_to_their_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[cluster]\nendpoints = [\"http://127.0.0.1:2379\"]",
+        )
+        .unwrap();
+        std::fs::write(
+            etc.join("db.toml"),
+            "exec = [\"/bin/x\"]\nha = true\nnodes = [\"n1\"]",
+        )
+        .unwrap();
+        std::fs::write(etc.join("web.toml"), "exec = [\"/bin/x\"]").unwrap();
+        let root = Root::new(dir.path());
+        let loaded = crate::config::load(&root);
+        assert!(loaded.is_clean(), "{:?}", loaded.errors);
+        let ops = FakeOps::default()
+            .unit("db", false, Behaviour::Takes(std::time::Duration::ZERO))
+            .unit("web", false, Behaviour::Takes(std::time::Duration::ZERO));
+        let s = run(&ops, &root, &loaded, None, &NONE, &Events::new("test"))
+            .await
+            .unwrap();
+        assert!(s.actions.contains(&("web".into(), Action::Started)));
+        assert!(
+            s.actions
+                .iter()
+                .any(|(n, a)| n == "db" && matches!(a, Action::Skipped(r) if r.starts_with("ha = true"))),
+            "{:?}",
+            s.actions
+        );
     }
 
     #[tokio::test(start_paused = true)]

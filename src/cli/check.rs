@@ -67,6 +67,7 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
                 "stop_action": w.stop_action,
                 "stop_delay_s": w.stop_delay_s,
                 "force_off_on_timeout": w.force_off_on_timeout,
+                "ha_nodes": w.ha.as_ref().map(|h| &h.nodes),
             })
         })
         .collect();
@@ -84,6 +85,17 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
             "after": plan::drain_after(host, &loaded.workloads),
         },
         "daemon": {"enabled": host.daemon.enabled, "watchdog_s": host.daemon.watchdog_s},
+        "cluster": host.cluster.as_ref().map(|c| serde_json::json!({
+            "node": c.node,
+            "endpoints": c.endpoints,
+            "prefix": c.prefix,
+            "lease_ttl_s": c.lease_ttl_s,
+            "keep_alive_interval_ms": c.keep_alive_interval().as_millis() as u64,
+            "fence_margin_ms": c.fence_margin().as_millis() as u64,
+            "maintenance_grace_period_s": c.maintenance_grace_period_s,
+            "rejoin_grace_period_s": c.rejoin_grace_period_s,
+            "tls": c.tls.is_some(),
+        })),
     })
 }
 
@@ -234,6 +246,21 @@ pub fn check_report(loaded: &Loaded) -> String {
     } else {
         out.push_str("berth-daemon.service: not wanted ([daemon] enabled = false)\n");
     }
+    if let Some(c) = &host.cluster {
+        out.push_str(&format!(
+            "cluster: node {}, etcd {}, keys under {}, lease {}s (kept alive every {} ms, fenced {} ms before \
+             its end), maintenance grace {}s, rejoin grace {}s{}\n",
+            c.node.as_deref().unwrap_or("(the hostname)"),
+            c.endpoints.join(" "),
+            c.prefix,
+            c.lease_ttl_s,
+            c.keep_alive_interval().as_millis(),
+            c.fence_margin().as_millis(),
+            c.maintenance_grace_period_s,
+            c.rejoin_grace_period_s,
+            if c.tls.is_some() { ", TLS" } else { "" }
+        ));
+    }
     if loaded.workloads.is_empty() {
         out.push_str("no workloads\n");
     }
@@ -258,6 +285,10 @@ pub fn check_report(loaded: &Loaded) -> String {
                     }
                 ),
             };
+            let ha = match &w.ha {
+                Some(ha) => format!(" [ha: {}]", ha.nodes.join(", ")),
+                None => String::new(),
+            };
             let ready = match (w.ready, &w.ready_exec) {
                 (config::Readiness::Exec, None) => String::new(),
                 (config::Readiness::Exec, Some(probe)) => format!(" [ready when {} succeeds]", probe[0]),
@@ -267,7 +298,7 @@ pub fn check_report(loaded: &Loaded) -> String {
                 }
             };
             out.push_str(&format!(
-                "  {} ({}){}{}{}: {} — stop: {}\n",
+                "  {} ({}){}{ha}{}{}: {} — stop: {}\n",
                 w.unit_name(),
                 w.source.display(),
                 match w.autostart {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Table;
 
+use super::cluster::{self, ClusterSettings};
 use super::read::{Origin, Reader, merge, parse_file};
 use super::workload::{Autostart, check_unit_list};
 use super::{ConfigError, Manager};
@@ -24,6 +25,8 @@ pub struct HostSettings {
     /// drain is done).
     pub drain_after: Vec<String>,
     pub daemon: DaemonSettings,
+    /// `[cluster]`: None on a single host (and when the section has errors).
+    pub cluster: Option<ClusterSettings>,
     /// The manager these settings are for (decides defaults and limits).
     pub manager: Manager,
 }
@@ -55,6 +58,7 @@ impl Default for HostSettings {
             default_autostart: Autostart::Yes,
             drain_after: Vec::new(),
             daemon: DaemonSettings::default(),
+            cluster: None,
             manager: Manager::System,
         }
     }
@@ -95,6 +99,7 @@ const HOST_KEYS: &[&str] = &[
     "default_autostart",
     "drain_after",
     "daemon",
+    "cluster",
 ];
 const DAEMON_KEYS: &[&str] = &[
     "enabled",
@@ -170,7 +175,9 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
 
     let mut daemon = d.daemon.clone();
     let mut daemon_errors = Vec::new();
+    let mut watchdog_set = false;
     if let Some(t) = r.opt_table("daemon") {
+        watchdog_set = t.contains_key("watchdog_s");
         let mut dr = Reader::new(t, "daemon", r.origin());
         daemon.enabled = dr.bool("enabled", daemon.enabled);
         daemon.watchdog_s = dr.int("watchdog_s", daemon.watchdog_s as i64, 0, 3600) as u64;
@@ -199,6 +206,34 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         }
         daemon_errors = dr.finish(DAEMON_KEYS);
     }
+    let cluster = r.opt_table("cluster").and_then(|t| {
+        if manager == Manager::User {
+            r.error("cluster", "is for the system manager: a user manager's workloads are not shared between hosts");
+            return None;
+        }
+        let cluster = cluster::read(t, r.origin(), &mut r.errors)?;
+        // A hung daemon must be killed before its lease could outlive it:
+        // WatchdogSec= below the TTL minus the margin, and on.
+        let max = cluster.max_watchdog_s();
+        if !watchdog_set {
+            daemon.watchdog_s = daemon.watchdog_s.min(max);
+        } else if daemon.watchdog_s == 0 || daemon.watchdog_s > max {
+            let file = r.file_of("daemon.watchdog_s").to_path_buf();
+            daemon_errors.push(ConfigError::key(
+                &file,
+                "daemon.watchdog_s",
+                format!(
+                    "is {}, but with [cluster] lease_ttl_s = {} it must be 1 to {max}: below the lease's TTL minus \
+                     the fence margin ({} ms), so that a hung daemon is killed, and its node fenced, before its \
+                     lease could outlive it",
+                    daemon.watchdog_s,
+                    cluster.lease_ttl_s,
+                    cluster.fence_margin().as_millis()
+                ),
+            ));
+        }
+        Some(cluster)
+    });
     errors.append(&mut r.finish(HOST_KEYS));
     errors.append(&mut daemon_errors);
 
@@ -210,6 +245,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         default_autostart,
         drain_after,
         daemon,
+        cluster,
         manager,
     }
 }
@@ -273,6 +309,106 @@ mod tests {
         assert_eq!(s.daemon.gc_interval_s, 3600);
         assert!(!s.daemon.api);
         assert_eq!(s.daemon.socket, Path::new("/run/berthd/other.sock"));
+    }
+
+    /// Issue 13: `[cluster]`, each input with what it must give.
+    #[test]
+    fn cluster_settings_and_the_watchdog_they_need() {
+        const EP: &str = "endpoints = [\"http://127.0.0.1:2379\"]";
+        let s = check(&format!("[cluster]\n{EP}")).unwrap();
+        let c = s.cluster.as_ref().unwrap();
+        assert_eq!(
+            (
+                c.node.as_deref(),
+                c.prefix.as_str(),
+                c.lease_ttl_s,
+                c.maintenance_grace_period_s,
+                c.rejoin_grace_period_s
+            ),
+            (None, "/berth/", 10, 60, 90)
+        );
+        assert_eq!(
+            s.daemon.watchdog_s, 5,
+            "the default watchdog shrinks below TTL minus margin"
+        );
+        let s = check(&format!(
+            "[daemon]\nwatchdog_s = 3\n[cluster]\n{EP}\nlease_ttl_s = 20"
+        ))
+        .unwrap();
+        assert_eq!(s.daemon.watchdog_s, 3);
+        let s = check(
+            "[cluster]\nendpoints = [\"https://a:2379\"]\ntls_ca = \"/etc/ssl/ca.pem\"\n\
+             tls_cert = \"/etc/berth/c.pem\"\ntls_key = \"/etc/berth/c.key\"\nnode = \"n-1.example\"",
+        )
+        .unwrap();
+        assert!(s.cluster.unwrap().tls.unwrap().key.is_some());
+
+        let f = "/etc/berth/berth.toml";
+        for (text, want) in [
+            (
+                format!("[daemon]\nwatchdog_s = 30\n[cluster]\n{EP}"),
+                format!(
+                    "{f}: daemon.watchdog_s: is 30, but with [cluster] lease_ttl_s = 10 it must be 1 to 5"
+                ),
+            ),
+            (
+                format!("[daemon]\nwatchdog_s = 0\n[cluster]\n{EP}"),
+                format!(
+                    "{f}: daemon.watchdog_s: is 0, but with [cluster] lease_ttl_s = 10 it must be 1 to 5"
+                ),
+            ),
+            ("[cluster]".into(), format!("{f}: cluster.endpoints: missing")),
+            (
+                "[cluster]\nendpoints = [\"10.0.0.1:2379\"]".into(),
+                format!("{f}: cluster.endpoints[0]: \"10.0.0.1:2379\" must begin with http:// or https://"),
+            ),
+            (
+                format!("[cluster]\n{EP}\nlease_ttl_s = 2"),
+                format!("{f}: cluster.lease_ttl_s: must be from 3 to 3600, not 2"),
+            ),
+            (
+                format!("[cluster]\n{EP}\nprefix = \"berth\""),
+                format!("{f}: cluster.prefix: \"berth\" must begin and end with '/'"),
+            ),
+            (
+                format!("[cluster]\n{EP}\nnode = \"a/b\""),
+                format!("{f}: cluster.node: \"a/b\" may hold only"),
+            ),
+            (
+                "[cluster]\nendpoints = [\"https://a:2379\"]".into(),
+                format!("{f}: cluster.tls_ca: missing: https:// endpoints need the CA"),
+            ),
+            (
+                format!("[cluster]\n{EP}\ntls_ca = \"/ca.pem\""),
+                format!("{f}: cluster.tls_ca: is set, but the endpoints are http://"),
+            ),
+            (
+                "[cluster]\nendpoints = [\"https://a:2379\"]\ntls_ca = \"/ca\"\ntls_cert = \"/c\"".into(),
+                format!("{f}: cluster.tls_key: missing: a client certificate needs its key"),
+            ),
+            (
+                format!("[cluster]\n{EP}\nlease = 3"),
+                format!("{f}: cluster.lease: unknown key"),
+            ),
+        ] {
+            let got = messages(&text);
+            assert_eq!(got.len(), 1, "{text}: {got:?}");
+            assert!(
+                got[0].starts_with(&want),
+                "{text}:\n got  {}\n want {want}",
+                got[0]
+            );
+        }
+        // A section with errors leaves the node single-host.
+        let table: Table = "[cluster]\nlease_ttl_s = 1".parse().unwrap();
+        let mut errors = Vec::new();
+        let s = validate(
+            &table,
+            &Origin::single(Path::new(f)),
+            &HostSettings::default(),
+            &mut errors,
+        );
+        assert!(s.cluster.is_none() && errors.len() == 2, "{errors:?}");
     }
 
     #[test]

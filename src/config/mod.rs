@@ -6,6 +6,7 @@
 //! is reported and left out, a broken host file falls back to built-in
 //! defaults, and everything else is still returned.
 
+pub mod cluster;
 pub mod host;
 mod passthrough;
 mod read;
@@ -13,10 +14,11 @@ mod source;
 mod workload;
 
 pub use crate::names::{is_valid_workload_name, unit_name};
+pub use cluster::ClusterSettings;
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
 pub use source::Discovered;
-pub use workload::{Autostart, Readiness, StopAction, Workload, WorkloadKind};
+pub use workload::{Autostart, HaPolicy, Readiness, StopAction, Workload, WorkloadKind};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -67,6 +67,26 @@ impl serde::Serialize for Autostart {
     }
 }
 
+/// `ha = true`: one node of the cluster runs it at a time, the first of
+/// `nodes` (in that order) that can; the others take it over when it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HaPolicy {
+    /// Candidate nodes, in order of preference.
+    pub nodes: Vec<String>,
+}
+
+impl HaPolicy {
+    /// A hash of the candidate list (FNV-1a, hex), published with the
+    /// node's presence: peers see who has it configured, and with which
+    /// list. Not a secret, only a comparison.
+    pub fn nodes_hash(&self) -> String {
+        let joined: Vec<u8> = self.nodes.iter().flat_map(|n| n.bytes().chain([0])).collect();
+        format!("{:016x}", crate::render::fnv1a(&joined))
+    }
+}
+
+const MAX_HA_NODES: usize = 64;
+
 /// When a workload counts as started: what `berth autostart` waits for
 /// before it starts the next group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -130,6 +150,8 @@ pub struct Workload {
     pub environment: BTreeMap<String, String>,
     pub user: Option<String>,
     pub group: Option<String>,
+    /// `ha = true` and its `nodes`; None for a workload of this node only.
+    pub ha: Option<HaPolicy>,
     /// `[service]` pass-through, validated, in key order.
     pub service: Vec<ServiceSetting>,
 }
@@ -249,6 +271,8 @@ const WORKLOAD_KEYS: &[&str] = &[
     "user",
     "group",
     "service",
+    "ha",
+    "nodes",
 ];
 
 pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
@@ -450,6 +474,7 @@ fn finish(
     if let Some(t) = r.opt_table("service") {
         service = passthrough::validate(t, path, &mut r.errors);
     }
+    let ha = ha_policy(&mut r, host, force_off_on_timeout);
 
     errors.append(&mut r.finish(WORKLOAD_KEYS));
     match kind {
@@ -472,9 +497,57 @@ fn finish(
             user,
             group,
             service,
+            ha,
         }),
         _ => Err(errors),
     }
+}
+
+/// `ha` and `nodes`: None, with errors, when they do not hold together.
+fn ha_policy(r: &mut Reader, host: &HostSettings, force_off_on_timeout: bool) -> Option<HaPolicy> {
+    let ha = r.bool("ha", false);
+    let nodes = r.text_list("nodes", "node name").unwrap_or_default();
+    if !ha {
+        if !nodes.is_empty() {
+            r.error("nodes", "is for ha = true: the nodes that may run an HA workload");
+        }
+        return None;
+    }
+    if host.cluster.is_none() {
+        r.error(
+            "ha",
+            "needs a valid [cluster] section in berth.toml: HA ownership is shared through etcd",
+        );
+    }
+    if !force_off_on_timeout {
+        r.error(
+            "ha",
+            "needs a bounded stop: with force_off_on_timeout = false the unit's TimeoutStopSec= is infinity, \
+             and a peer could never know when it is down to take it over",
+        );
+    }
+    if nodes.is_empty() {
+        r.error(
+            "nodes",
+            "missing: the nodes that may run it, in order of preference, e.g. nodes = [\"n1\", \"n2\"]",
+        );
+    } else if nodes.len() > MAX_HA_NODES {
+        r.error(
+            "nodes",
+            format!("has {} names; at most {MAX_HA_NODES}", nodes.len()),
+        );
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        if let Err(why) = super::cluster::check_node_name(n) {
+            r.error(
+                &format!("nodes[{i}]"),
+                format!("{:?} {why}", n.escape_debug().to_string()),
+            );
+        } else if nodes[..i].contains(n) {
+            r.error(&format!("nodes[{i}]"), format!("{n:?} is listed twice"));
+        }
+    }
+    Some(HaPolicy { nodes })
 }
 
 /// A `libvirt =` workload: its domain, with the keys that do not apply

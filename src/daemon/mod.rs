@@ -188,6 +188,10 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     } else {
         None
     };
+    // Cluster mode: the agent's own thread joins and keeps the lease.
+    let cluster = crate::state::runs::boot_id()
+        .ok()
+        .and_then(|boot| crate::cluster::start_agent(&loaded, root.state_dir(), boot));
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);
 
@@ -295,7 +299,16 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 // left the ping fails, and systemd would kill a healthy
                 // loop. The API's caps keep descriptors free; a failure
                 // is said, not swallowed.
-                if watchdog.is_some()
+                // In cluster mode only while the agent's thread runs too: a
+                // daemon whose keep-alives stalled is killed (and fenced)
+                // before its lease could outlive it.
+                let agent_stalled = match (&cluster, watchdog) {
+                    (Some(state), Some(half)) => !state.alive(2 * half),
+                    _ => false,
+                };
+                if agent_stalled {
+                    sup.events.warn("watchdog: no ping, the cluster agent made no progress");
+                } else if watchdog.is_some()
                     && let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Watchdog])
                 {
                     sup.events.warn(&format!("watchdog ping failed: {e}"));

@@ -1,0 +1,181 @@
+//! The key layout under `[cluster] prefix` (default `/berth/`), and the
+//! values stored there (JSON). Designed for all three cluster issues;
+//! each key says who writes it and whether it outlives its writer.
+//!
+//! | key                        | lease            | written by                  |
+//! |----------------------------|------------------|-----------------------------|
+//! | `nodes/N`                  | N's live lease (maintenance lease while in maintenance) | N's daemon (presence) |
+//! | `members/N`                | none (persistent) | N's daemon, once; `berth cluster forget N` deletes it |
+//! | `last-state/N`             | none (persistent) | N's daemon and drain, at each state change |
+//! | `owners/W`                 | the owner's lease | the owner, create-if-absent; its drain deletes it |
+//! | `freeze/cluster`           | none             | `berth freeze --cluster` (issue 14) |
+//! | `freeze/objects/W`         | none             | `berth freeze W --cluster` (issue 14) |
+//!
+//! Node and workload names are checked by the config (letters, digits,
+//! `-`, `_`, `.`): no name can reach outside its directory.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Key paths under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// `prefix` begins and ends with `/` (the config checks it).
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    pub fn nodes(&self) -> String {
+        format!("{}nodes/", self.prefix)
+    }
+    pub fn node(&self, node: &str) -> String {
+        format!("{}nodes/{node}", self.prefix)
+    }
+    pub fn members(&self) -> String {
+        format!("{}members/", self.prefix)
+    }
+    pub fn member(&self, node: &str) -> String {
+        format!("{}members/{node}", self.prefix)
+    }
+    pub fn last_state(&self, node: &str) -> String {
+        format!("{}last-state/{node}", self.prefix)
+    }
+    pub fn owners(&self) -> String {
+        format!("{}owners/", self.prefix)
+    }
+    pub fn owner(&self, workload: &str) -> String {
+        format!("{}owners/{workload}", self.prefix)
+    }
+    pub fn cluster_freeze(&self) -> String {
+        format!("{}freeze/cluster", self.prefix)
+    }
+    pub fn object_freeze(&self, workload: &str) -> String {
+        format!("{}freeze/objects/{workload}", self.prefix)
+    }
+
+    /// The last component of a key under `dir` (`nodes/`, `owners/`…);
+    /// None for a key elsewhere or deeper.
+    pub fn name_in<'k>(&self, dir: &str, key: &'k str) -> Option<&'k str> {
+        let name = key.strip_prefix(dir)?;
+        (!name.is_empty() && !name.contains('/')).then_some(name)
+    }
+}
+
+/// A node's state, in its presence key and its last-state key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Its daemon runs and keeps its lease alive.
+    Up,
+    /// Its daemon is restarting or stopped by hand: its keys sit on a
+    /// maintenance lease for the grace period; peers move nothing.
+    Maintenance,
+    /// Its host is shutting down: the drain runs.
+    ShuttingDown,
+    /// The drain is done: its HA workloads are released.
+    Drained,
+}
+
+/// `nodes/N`: the node's presence, bound to its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Presence {
+    pub state: NodeState,
+    pub boot_id: String,
+    /// Since when it has been in this state (RFC 3339).
+    pub since: String,
+    /// Its HA workloads and a hash of each one's candidate list, so that
+    /// peers see who has a workload configured, and with which list.
+    #[serde(default)]
+    pub ha: BTreeMap<String, String>,
+    /// The berth version that wrote it.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// `members/N`: a node that joined the cluster, until forgotten.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub joined_at: String,
+}
+
+/// `last-state/N`: the state a node last announced, kept when its lease
+/// is gone (the rejoin of issue 14 reads it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastState {
+    pub state: NodeState,
+    pub boot_id: String,
+    pub at: String,
+}
+
+/// `owners/W`: who runs HA workload W, bound to the owner's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub node: String,
+    /// The longest the owner may take to stop it once its key is gone:
+    /// a peer starts it no earlier than the deletion plus this.
+    pub stop_bound_s: u64,
+    pub since: String,
+}
+
+/// The owner's stop bound for a unit: systemd applies TimeoutStopSec= to
+/// each ExecStop= command and again to the main process, plus 5 s for the
+/// final SIGKILL to land. None for an unbounded stop (infinity), which
+/// `berth check` refuses for HA workloads.
+pub fn stop_bound_s(exec_stop_commands: usize, timeout_stop_s: Option<u64>) -> Option<u64> {
+    timeout_stop_s.map(|t| (exec_stop_commands as u64 + 1) * t + 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout() {
+        let k = Keys::new("/berth/");
+        assert_eq!(k.node("n1"), "/berth/nodes/n1");
+        assert_eq!(k.member("n1"), "/berth/members/n1");
+        assert_eq!(k.last_state("n1"), "/berth/last-state/n1");
+        assert_eq!(k.owner("db"), "/berth/owners/db");
+        assert_eq!(k.cluster_freeze(), "/berth/freeze/cluster");
+        assert_eq!(k.object_freeze("db"), "/berth/freeze/objects/db");
+        assert_eq!(k.name_in(&k.owners(), "/berth/owners/db"), Some("db"));
+        assert_eq!(k.name_in(&k.owners(), "/berth/owners/"), None);
+        assert_eq!(k.name_in(&k.owners(), "/berth/owners/a/b"), None);
+        assert_eq!(k.name_in(&k.owners(), "/berth/nodes/n1"), None);
+        let other = Keys::new("/site-a/berth/");
+        assert_eq!(other.node("n1"), "/site-a/berth/nodes/n1");
+    }
+
+    #[test]
+    fn values_as_json() {
+        let p = Presence {
+            state: NodeState::ShuttingDown,
+            boot_id: "b".into(),
+            since: "T".into(),
+            ha: BTreeMap::from([("db".to_string(), "00ff".to_string())]),
+            version: "0.1.0".into(),
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            r#"{"state":"shutting-down","boot_id":"b","since":"T","ha":{"db":"00ff"},"version":"0.1.0"}"#
+        );
+        assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), p);
+    }
+
+    /// (ExecStop= commands, TimeoutStopSec=) → bound.
+    #[test]
+    fn stop_bounds() {
+        assert_eq!(stop_bound_s(0, Some(60)), Some(65));
+        assert_eq!(stop_bound_s(1, Some(90)), Some(185));
+        assert_eq!(stop_bound_s(2, Some(10)), Some(35));
+        assert_eq!(stop_bound_s(1, None), None);
+    }
+}

@@ -1,0 +1,318 @@
+//! A node's presence in the cluster: its lease, kept alive on a thread of
+//! its own, and the keys bound to it; and the fence deadline each
+//! acknowledged keep-alive moves.
+//!
+//! Deadlines, never errors, drive fencing (issue 13): a partition hangs
+//! calls rather than failing them. The deadline is `t_send + TTL − margin`,
+//! `t_send` being when the oldest keep-alive the acknowledgement answered
+//! was sent, on CLOCK_BOOTTIME (a suspended host's lease runs on at etcd).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{Keys, LastState, Member, NodeState, Presence};
+use crate::config::ClusterSettings;
+use crate::time::rfc3339;
+
+/// CLOCK_BOOTTIME now: counts a suspend, as etcd's clock does.
+pub fn boottime() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// The send times of keep-alives not yet answered, and what an answer
+/// makes of them. Pure: the caller reads the clock.
+#[derive(Debug, Default)]
+pub struct LeaseClock {
+    unanswered: VecDeque<Duration>,
+}
+
+impl LeaseClock {
+    pub fn sent(&mut self, at: Duration) {
+        // Bounded: a stream that stopped answering must not grow it.
+        if self.unanswered.len() >= 64 {
+            self.unanswered.pop_front();
+        }
+        self.unanswered.push_back(at);
+    }
+
+    /// An acknowledgement that renewed the lease to `ttl_s`: etcd answers
+    /// in order, so it answers the oldest keep-alive still unanswered. The
+    /// fence deadline it gives; None for an answer nothing asked for, or
+    /// a lease that is gone (TTL ≤ 0).
+    pub fn acknowledged(&mut self, ttl_s: i64, margin: Duration) -> Option<Duration> {
+        let sent = self.unanswered.pop_front()?;
+        (ttl_s > 0).then(|| (sent + Duration::from_secs(ttl_s as u64)).saturating_sub(margin))
+    }
+}
+
+/// Why the cluster cannot be joined.
+#[derive(Debug)]
+pub enum ClusterError {
+    /// etcd did not answer, or refused.
+    Etcd(String),
+    /// A local file (the lease record, a TLS file).
+    Local(PathBuf, std::io::Error),
+}
+
+impl std::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterError::Etcd(e) => write!(f, "etcd: {e}"),
+            ClusterError::Local(p, e) => write!(f, "{}: {e}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+impl From<etcd_client::Error> for ClusterError {
+    fn from(e: etcd_client::Error) -> Self {
+        ClusterError::Etcd(e.to_string())
+    }
+}
+
+/// How long one etcd call may take: a partition hangs calls, and the
+/// deadline, not the call, decides.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects to the cluster's endpoints, with TLS when configured.
+pub async fn connect(settings: &ClusterSettings) -> Result<Client, ClusterError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(CALL_TIMEOUT)
+        .with_timeout(CALL_TIMEOUT)
+        .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT);
+    if let Some(tls) = &settings.tls {
+        let read = |p: &Path| std::fs::read(p).map_err(|e| ClusterError::Local(p.to_path_buf(), e));
+        let mut t =
+            etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)?));
+        if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+            t = t.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        options = options.with_tls(t);
+    }
+    Ok(Client::connect(&settings.endpoints, Some(options)).await?)
+}
+
+/// The lease a daemon holds, kept under its state directory with the boot
+/// it was granted in: a restart in the same boot resumes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub lease_id: i64,
+    pub boot_id: String,
+}
+
+pub fn lease_record_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster-lease.json")
+}
+
+fn read_lease_record(state_dir: &Path) -> Option<LeaseRecord> {
+    serde_json::from_slice(&std::fs::read(lease_record_path(state_dir)).ok()?).ok()
+}
+
+fn write_lease_record(state_dir: &Path, r: &LeaseRecord) -> Result<(), ClusterError> {
+    let path = lease_record_path(state_dir);
+    let bytes = serde_json::to_vec(r).map_err(|e| ClusterError::Local(path.clone(), e.into()))?;
+    crate::state::atomic::write_json(&path, &bytes).map_err(|e| ClusterError::Local(path, e))
+}
+
+/// What a node joined with.
+#[derive(Debug, Clone)]
+pub struct Joined {
+    pub lease_id: i64,
+    /// The lease of this boot was still alive: a restart, not a new boot.
+    pub resumed: bool,
+    pub granted_ttl_s: i64,
+}
+
+/// Takes the node's lease (resumed when the record is of this boot and
+/// etcd still has it; the lease of an earlier boot is revoked) and puts
+/// its presence, its last state and, the first time, its member key.
+pub async fn join(
+    client: &mut Client,
+    settings: &ClusterSettings,
+    node: &str,
+    boot_id: &str,
+    state_dir: &Path,
+    ha: BTreeMap<String, String>,
+) -> Result<Joined, ClusterError> {
+    let keys = Keys::new(&settings.prefix);
+    let mut resumed = None;
+    if let Some(old) = read_lease_record(state_dir) {
+        if old.boot_id == boot_id {
+            let ttl = client.lease_time_to_live(old.lease_id, None).await?.ttl();
+            if ttl > 0 {
+                resumed = Some((old.lease_id, ttl));
+            }
+        } else {
+            // A lease of an earlier boot: nothing of that boot runs any
+            // more; its keys go now rather than at its expiry.
+            let _ = client.lease_revoke(old.lease_id).await;
+        }
+    }
+    let (lease_id, granted_ttl_s) = match resumed {
+        Some(r) => r,
+        None => {
+            let g = client.lease_grant(settings.lease_ttl_s as i64, None).await?;
+            (g.id(), g.ttl())
+        }
+    };
+    write_lease_record(
+        state_dir,
+        &LeaseRecord {
+            lease_id,
+            boot_id: boot_id.to_string(),
+        },
+    )?;
+    let now = rfc3339(std::time::SystemTime::now());
+    let presence = Presence {
+        state: NodeState::Up,
+        boot_id: boot_id.to_string(),
+        since: now.clone(),
+        ha,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let last = LastState {
+        state: NodeState::Up,
+        boot_id: boot_id.to_string(),
+        at: now.clone(),
+    };
+    let member = Member { joined_at: now };
+    let on_lease = Some(PutOptions::new().with_lease(lease_id));
+    client
+        .txn(Txn::new().and_then(vec![
+            TxnOp::put(keys.node(node), json(&presence), on_lease),
+            TxnOp::put(keys.last_state(node), json(&last), None),
+        ]))
+        .await?;
+    // The member key is written once: its creation is the join.
+    client
+        .txn(
+            Txn::new()
+                .when(vec![Compare::create_revision(
+                    keys.member(node),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then(vec![TxnOp::put(keys.member(node), json(&member), None)]),
+        )
+        .await?;
+    Ok(Joined {
+        lease_id,
+        resumed: resumed.is_some(),
+        granted_ttl_s,
+    })
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// What the keep-alive thread shares: the fence deadline (CLOCK_BOOTTIME,
+/// ms; 0 before the first acknowledgement) and when it last made progress
+/// (ms), which gates the daemon's watchdog in cluster mode.
+#[derive(Debug, Default)]
+pub struct LeaseState {
+    pub fence_deadline_ms: AtomicU64,
+    pub progress_ms: AtomicU64,
+}
+
+impl LeaseState {
+    pub fn deadline(&self) -> Option<Duration> {
+        match self.fence_deadline_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// Whether the keep-alive task made progress within `within`.
+    pub fn alive(&self, within: Duration) -> bool {
+        let last = Duration::from_millis(self.progress_ms.load(Ordering::Relaxed));
+        boottime().saturating_sub(last) <= within
+    }
+}
+
+/// Keeps `lease_id` alive every keep-alive interval until the process
+/// ends, moving the fence deadline on each acknowledgement. A broken
+/// stream is opened again; nothing here waits on anything but etcd.
+pub async fn keep_alive(
+    mut client: Client,
+    settings: ClusterSettings,
+    lease_id: i64,
+    state: Arc<LeaseState>,
+) {
+    let interval = settings.keep_alive_interval();
+    let margin = settings.fence_margin();
+    loop {
+        state
+            .progress_ms
+            .store(boottime().as_millis() as u64, Ordering::Relaxed);
+        let opened = tokio::time::timeout(CALL_TIMEOUT, client.lease_keep_alive(lease_id)).await;
+        let Ok(Ok((mut keeper, mut stream))) = opened else {
+            tokio::time::sleep(interval).await;
+            continue;
+        };
+        let mut clock = LeaseClock::default();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    state.progress_ms.store(boottime().as_millis() as u64, Ordering::Relaxed);
+                    clock.sent(boottime());
+                    if keeper.keep_alive().await.is_err() {
+                        break;
+                    }
+                }
+                answer = stream.message() => match answer {
+                    Ok(Some(r)) => {
+                        if let Some(deadline) = clock.acknowledged(r.ttl(), margin) {
+                            state.fence_deadline_ms.store(deadline.as_millis() as u64, Ordering::Relaxed);
+                        }
+                    }
+                    _ => break,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// Issue 13, point 3: the deadline anchors on the send time of the
+    /// keep-alive the answer is for, never on the answer's arrival.
+    #[test]
+    fn the_deadline_counts_from_the_oldest_unanswered_send() {
+        let mut c = LeaseClock::default();
+        let margin = 4 * S;
+        assert_eq!(c.acknowledged(10, margin), None, "an answer nothing asked for");
+        c.sent(100 * S);
+        c.sent(102 * S);
+        assert_eq!(c.acknowledged(10, margin), Some(106 * S), "100 + 10 - 4");
+        assert_eq!(c.acknowledged(10, margin), Some(108 * S));
+        c.sent(104 * S);
+        assert_eq!(c.acknowledged(0, margin), None, "a lease etcd no longer has");
+        for i in 0..100 {
+            c.sent(i * S);
+        }
+        assert_eq!(c.unanswered.len(), 64, "bounded while etcd does not answer");
+    }
+
+    #[test]
+    fn boottime_moves() {
+        let a = boottime();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(boottime() > a && a > Duration::ZERO);
+    }
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue 13, first slice: a node's presence in a real etcd (Debian's
+# etcd-server on the host; the container shares the host's network). The
+# daemon in cluster mode joins (node key on its lease, members/N and
+# last-state/N persistent), wants the network and runs under a watchdog
+# below the lease's TTL minus the fence margin; a daemon restart resumes
+# its lease; a reboot revokes the old lease and takes a new one; with etcd
+# down the daemon keeps running (its agent retries, the watchdog is fed)
+# and joins once etcd is back. HA workloads are not started by the boot
+# autostart.
+source "$(dirname "$0")/../lib.sh"
+scenario_begin 27-cluster-presence
+
+command -v etcd >/dev/null && command -v etcdctl >/dev/null \
+    || die "etcd and etcdctl are needed (make deps installs etcd-server and etcd-client)"
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+PEER=$(free_port)
+ETCD_DIR=$HARNESS_DIR/run/etcd-27
+rm -rf "$ETCD_DIR"
+mkdir -p "$ETCD_DIR"
+ETCD_PID=
+etcd_start() {
+    etcd --name h --data-dir "$ETCD_DIR/data" \
+        --listen-client-urls "http://127.0.0.1:$PORT" --advertise-client-urls "http://127.0.0.1:$PORT" \
+        --listen-peer-urls "http://127.0.0.1:$PEER" --initial-advertise-peer-urls "http://127.0.0.1:$PEER" \
+        --initial-cluster "h=http://127.0.0.1:$PEER" >>"$ETCD_DIR/etcd.log" 2>&1 &
+    ETCD_PID=$!
+    wait_for 20 etcdctl endpoint health || die "etcd did not come up; see $ETCD_DIR/etcd.log"
+}
+etcd_stop() { kill "$ETCD_PID" 2>/dev/null || true; wait "$ETCD_PID" 2>/dev/null || true; }
+trap 'rc=$?; etcd_stop; (exit $rc); scenario_end' EXIT
+etcdctl() { ETCDCTL_API=3 command etcdctl --endpoints="http://127.0.0.1:$PORT" "$@"; }
+# lease_of KEY: the lease (decimal) a key is bound to; empty when absent.
+lease_of() {
+    etcdctl get "$1" -w json | python3 -c 'import json, sys; kvs = json.load(sys.stdin).get("kvs", []); print(kvs[0].get("lease", 0) if kvs else "")'
+}
+daemon_log() { ct journalctl -b -u berth-daemon.service -o cat --no-pager; }
+
+etcd_start
+config=$HARNESS_DIR/config-cluster
+rm -rf "$config"
+mkdir -p "$config/workloads"
+cat >"$config/berth.toml" <<EOF
+[cluster]
+node = "n1"
+endpoints = ["http://127.0.0.1:$PORT"]
+lease_ttl_s = 5
+EOF
+printf 'exec = ["/opt/berth-test/workload", "web"]\n' >"$config/workloads/web.toml"
+printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2"]\n' >"$config/workloads/db.toml"
+
+ct_boot cluster "$config"
+ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
+check_eq "the daemon's watchdog is below the TTL (5 s) minus the margin (2 s)" 2s "$(ct_prop berth-daemon.service WatchdogUSec)"
+check_contains "the daemon is ordered after network-online.target" network-online.target "$(ct_prop berth-daemon.service After)"
+check "the daemon joins as n1" wait_for 20 sh -c "nsenter -t $CT_PID -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'cluster: joined as n1'"
+lease1=$(lease_of /berth/nodes/n1)
+check "nodes/n1 is bound to a lease ($lease1)" test -n "$lease1" -a "$lease1" != 0
+check_eq "members/n1 is persistent" 0 "$(lease_of /berth/members/n1)"
+check_eq "last-state/n1 is persistent" 0 "$(lease_of /berth/last-state/n1)"
+check_contains "the presence names the HA workload" '"db"' "$(etcdctl get /berth/nodes/n1 --print-value-only)"
+check_eq "the autostart starts web" active "$(ct_prop berth@web.service ActiveState)"
+check_eq "... and leaves the HA workload db to its owner" inactive "$(ct_prop berth@db.service ActiveState)"
+check_contains "... saying why" "not starting berth@db.service: ha = true" \
+    "$(ct journalctl -b -u berth-autostart.service -o cat --no-pager)"
+
+# A daemon restart resumes the lease of this boot.
+ct systemctl restart berth-daemon.service
+check "the restarted daemon resumes its lease" wait_for 20 sh -c "nsenter -t $CT_PID -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'resumed: same boot'"
+check_eq "... the same lease" "$lease1" "$(lease_of /berth/nodes/n1)"
+sleep 6
+check_eq "... kept alive past its 5 s TTL" "$lease1" "$(lease_of /berth/nodes/n1)"
+
+# etcd down: the daemon keeps running (its agent retries; the watchdog,
+# 2 s, is fed) and joins when etcd is back.
+joins() { ct journalctl -b -u berth-daemon.service -o cat --no-pager | grep -c 'cluster: joined as n1' || true; }
+joined_before=$(joins)
+etcd_stop
+ct systemctl restart berth-daemon.service
+pid=$(ct_prop berth-daemon.service MainPID)
+sleep 8
+check_eq "with etcd down the daemon is not killed by its watchdog (same MainPID after 4 watchdog periods)" \
+    "$pid" "$(ct_prop berth-daemon.service MainPID)"
+check_contains "... and says it cannot join yet" "cannot join as n1 yet" "$(daemon_log)"
+etcd_start
+joined_again() { [ "$(joins)" -gt "$joined_before" ]; }
+check "... and joins once etcd is back" wait_for 30 joined_again
+
+# A reboot: a new lease; the old one is gone (revoked at the join, or
+# expired during the reboot: the unit test tells the two apart).
+lease2=$(lease_of /berth/nodes/n1)
+ct_poweroff 60
+CT_KEEP_STATE=1 ct_boot cluster ""
+check "after a reboot the daemon joins with a new lease" wait_for 20 sh -c "nsenter -t $CT_PID -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'joined as n1 .*new'"
+lease3=$(lease_of /berth/nodes/n1)
+check "... a new lease ($lease2 -> $lease3)" test -n "$lease3" -a "$lease3" != "$lease2"
+check_contains "... and the old one is gone" "already expired" \
+    "$(etcdctl lease timetolive "$(printf '%x' "$lease2")" 2>&1)"
+ct_poweroff 60
