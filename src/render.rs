@@ -240,12 +240,15 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
                     ("unit", unit),
                     ("base_targets", crate::units::base_targets(root.manager())),
                     ("unit_lines", &unit_lines),
-                    ("service_lines", &stop_and_passthrough(w)),
+                    (
+                        "service_lines",
+                        &format!("{}{}", owner_guard(w), stop_and_passthrough(w)),
+                    ),
                 ],
             );
         }
     };
-    let mut service_lines = String::new();
+    let mut service_lines = owner_guard(w);
     if let Some(stop) = stop_exec {
         let _ = writeln!(service_lines, "ExecStop={}", exec_line(stop));
     }
@@ -294,6 +297,19 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
             ("service_lines", &service_lines),
         ],
     )
+}
+
+/// An HA workload's unit starts only on its owner, whoever asks for the
+/// start: `berth owner-check` fails closed. `+`: with full privileges
+/// (the workload's User= may not read the cluster's TLS key).
+fn owner_guard(w: &Workload) -> String {
+    match &w.ha {
+        Some(_) => format!(
+            "ExecStartPre=+{}\n",
+            exec_line(&["berth".to_string(), "owner-check".into(), w.name.clone()])
+        ),
+        None => String::new(),
+    }
 }
 
 /// `berth guest DOMAIN …`: what a libvirt workload's unit runs. `berth`

@@ -215,3 +215,91 @@ fn presence_lease_resume_revoke_and_expiry() {
         assert!(value(&mut client, &keys.last_state("n1")).await.is_some());
     });
 }
+
+/// Issue 13, point 2: the unit's guard (`berth owner-check`) lets a start
+/// through only on the owner, on its live lease; everything else is
+/// refused, etcd unreachable included (fail closed).
+#[test]
+fn the_owner_check_fails_closed() {
+    use berth::cluster::keys::Owner;
+    use berth::cluster::owner::{NotOwner, confirm};
+    let Some(etcd) = etcd() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = settings(&etcd.url, 10);
+        let began = Instant::now();
+        let mut client = loop {
+            if let Ok(mut c) = presence::connect(&s).await
+                && c.status().await.is_ok()
+            {
+                break c;
+            }
+            assert!(began.elapsed() < Duration::from_secs(20), "etcd did not come up");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let keys = Keys::new("/berth/");
+        let state_dir = tempfile::tempdir().unwrap();
+        let joined = presence::join(&mut client, &s, "n1", "boot-a", state_dir.path(), BTreeMap::new())
+            .await
+            .unwrap();
+        let owner = |node: &str| {
+            serde_json::to_string(&Owner {
+                node: node.into(),
+                stop_bound_s: 65,
+                since: "T".into(),
+            })
+            .unwrap()
+        };
+        let check = || confirm(&s, "n1", "db", state_dir.path(), "boot-a");
+
+        assert_eq!(check().await, Err(NotOwner::NoOwner));
+        client.put(keys.owner("db"), owner("n2"), None).await.unwrap();
+        assert_eq!(check().await, Err(NotOwner::OwnedBy("n2".into())));
+        client.put(keys.owner("db"), owner("n1"), None).await.unwrap();
+        assert!(
+            matches!(check().await, Err(NotOwner::OtherLease { key_lease: 0, .. })),
+            "a key of this node on no lease is not an ownership"
+        );
+        let on_lease = etcd_client::PutOptions::new().with_lease(joined.lease_id);
+        client
+            .put(keys.owner("db"), owner("n1"), Some(on_lease))
+            .await
+            .unwrap();
+        assert_eq!(check().await, Ok(()), "the owner, on its live lease");
+        assert!(
+            matches!(
+                confirm(&s, "n1", "db", state_dir.path(), "boot-b").await,
+                Err(NotOwner::NoLease(_))
+            ),
+            "a lease record of an earlier boot"
+        );
+        client.lease_revoke(joined.lease_id).await.unwrap();
+        assert_eq!(
+            check().await,
+            Err(NotOwner::NoOwner),
+            "the revoked lease took the key"
+        );
+    });
+    // etcd gone: refused within the check's limit, not hung.
+    drop(etcd);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            presence::lease_record_path(dir.path()),
+            r#"{"lease_id": 7, "boot_id": "boot-a"}"#,
+        )
+        .unwrap();
+        let s = settings("http://127.0.0.1:9", 10);
+        let began = Instant::now();
+        let got = confirm(&s, "n1", "db", dir.path(), "boot-a").await;
+        assert!(matches!(got, Err(NotOwner::Unconfirmed(_))), "{got:?}");
+        assert!(began.elapsed() <= berth::cluster::owner::CHECK_LIMIT + Duration::from_secs(1));
+    });
+}

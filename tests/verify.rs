@@ -33,7 +33,8 @@ fn first_word(line: &str) -> Option<String> {
     let rest = line
         .strip_prefix("ExecStart=\"")
         .or_else(|| line.strip_prefix("ExecStop=\""))
-        .or_else(|| line.strip_prefix("ExecStartPost=\""))?;
+        .or_else(|| line.strip_prefix("ExecStartPost=\""))
+        .or_else(|| line.strip_prefix("ExecStartPre=+\""))?;
     Some(rest[..rest.find('"')?].to_string())
 }
 

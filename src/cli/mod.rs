@@ -7,6 +7,7 @@ mod add;
 mod build;
 mod cat;
 mod check;
+mod cluster;
 mod daemon;
 mod drain;
 mod freeze;
@@ -159,6 +160,9 @@ enum Verb {
     /// Fallback ExecStart of berth@.service: explains why a workload cannot start.
     #[command(hide = true)]
     NotConfigured { name: String },
+    /// ExecStartPre of an HA workload's unit: succeeds only on the node that owns it.
+    #[command(hide = true)]
+    OwnerCheck { name: String },
     /// ExecStart of a libvirt workload's unit: starts or adopts the domain and follows it.
     #[command(hide = true)]
     Guest {
@@ -197,6 +201,7 @@ pub fn main() -> i32 {
         } => with_root(root, |r| check::run(r, dir, live, json)),
         Verb::Autostart => with_root(root, lifecycle::autostart),
         Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
+        Verb::OwnerCheck { name } => with_root(root, |r| cluster::owner_check(r, &name)),
         Verb::Guest {
             domain,
             stop_delay,

@@ -6,8 +6,11 @@
 //! - [`keys`]: the key layout and the values stored under it (pure).
 //! - [`presence`]: the node's lease, its keep-alives on a thread of their
 //!   own, and the fence deadline they move.
+//! - [`owner`]: the unit's own guard, `berth owner-check`: only the
+//!   owner starts an HA workload.
 
 pub mod keys;
+pub mod owner;
 pub mod presence;
 
 use std::collections::BTreeMap;

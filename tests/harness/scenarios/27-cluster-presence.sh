@@ -7,7 +7,8 @@
 # its lease; a reboot revokes the old lease and takes a new one; with etcd
 # down the daemon keeps running (its agent retries, the watchdog is fed)
 # and joins once etcd is back. HA workloads are not started by the boot
-# autostart.
+# autostart, and their unit starts only on their owner (berth
+# owner-check, ExecStartPre=).
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 27-cluster-presence
 
@@ -64,6 +65,25 @@ check_eq "the autostart starts web" active "$(ct_prop berth@web.service ActiveSt
 check_eq "... and leaves the HA workload db to its owner" inactive "$(ct_prop berth@db.service ActiveState)"
 check_contains "... saying why" "not starting berth@db.service: ha = true" \
     "$(ct journalctl -b -u berth-autostart.service -o cat --no-pager)"
+
+# The unit's own guard: only the owner, on its live lease, starts it,
+# whoever asks (here systemctl by hand).
+start_db() { out=$(ct systemctl start berth@db.service 2>&1) && rc=0 || rc=$?; }
+start_db
+check "no owner: systemctl start berth@db is refused (rc $rc)" test "$rc" -ne 0
+check_contains "... by berth owner-check, saying why" "berth owner-check: not starting db: no node owns it" \
+    "$(ct journalctl -b -u berth@db.service -o cat --no-pager)"
+value='{"node":"n1","stop_bound_s":65,"since":"2026-12-02T00:00:00Z"}'
+etcdctl put --lease="$(printf '%x' "$lease1")" /berth/owners/db "$value" >/dev/null
+start_db
+check_eq "owned by n1 on its lease: it starts" "0 active" "$rc $(ct_prop berth@db.service ActiveState)"
+ct systemctl stop berth@db.service
+etcdctl put /berth/owners/db "${value/n1/n2}" >/dev/null
+start_db
+check "owned by n2: refused on n1 (rc $rc)" test "$rc" -ne 0
+check_contains "... saying who owns it" "not starting db: node n2 owns it" \
+    "$(ct journalctl -b -u berth@db.service -o cat --no-pager)"
+etcdctl del /berth/owners/db >/dev/null
 
 # A daemon restart resumes the lease of this boot.
 ct systemctl restart berth-daemon.service
