@@ -118,9 +118,17 @@ fn presence_lease_resume_revoke_and_expiry() {
         let ha = BTreeMap::from([("db".to_string(), "00ff".to_string())]);
 
         // Join: presence on the lease, last state and member persistent.
-        let first = presence::join(&mut client, &s, "n1", "boot-a", state_dir.path(), ha.clone())
-            .await
-            .unwrap();
+        let first = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            ha.clone(),
+            false,
+        )
+        .await
+        .unwrap();
         assert!(!first.resumed);
         assert_eq!(first.granted_ttl_s, 3);
         let (text, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
@@ -167,9 +175,17 @@ fn presence_lease_resume_revoke_and_expiry() {
         );
 
         // A restart within the same boot resumes the lease.
-        let again = presence::join(&mut client, &s, "n1", "boot-a", state_dir.path(), ha.clone())
-            .await
-            .unwrap();
+        let again = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            ha.clone(),
+            false,
+        )
+        .await
+        .unwrap();
         assert!(again.resumed);
         assert_eq!(again.lease_id, first.lease_id);
         let (text, _) = value(&mut client, &keys.member("n1")).await.unwrap();
@@ -182,9 +198,17 @@ fn presence_lease_resume_revoke_and_expiry() {
 
         // After a new boot the old lease is revoked at once, not left to
         // expire, and a new one granted.
-        let after_boot = presence::join(&mut client, &s, "n1", "boot-b", state_dir.path(), ha.clone())
-            .await
-            .unwrap();
+        let after_boot = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-b",
+            state_dir.path(),
+            ha.clone(),
+            false,
+        )
+        .await
+        .unwrap();
         assert!(!after_boot.resumed);
         assert_ne!(after_boot.lease_id, first.lease_id);
         let old_ttl = client
@@ -242,9 +266,17 @@ fn the_owner_check_fails_closed() {
         };
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
-        let joined = presence::join(&mut client, &s, "n1", "boot-a", state_dir.path(), BTreeMap::new())
-            .await
-            .unwrap();
+        let joined = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            BTreeMap::new(),
+            false,
+        )
+        .await
+        .unwrap();
         let owner = |node: &str| {
             serde_json::to_string(&Owner {
                 node: node.into(),

@@ -97,6 +97,9 @@ pub struct Presence {
     /// The berth version that wrote it.
     #[serde(default)]
     pub version: String,
+    /// The node is frozen (node freeze): it takes no HA workload.
+    #[serde(default)]
+    pub frozen: bool,
 }
 
 /// `members/N`: a node that joined the cluster, until forgotten.
@@ -161,11 +164,12 @@ mod tests {
             since: "T".into(),
             ha: BTreeMap::from([("db".to_string(), "00ff".to_string())]),
             version: "0.1.0".into(),
+            frozen: false,
         };
         let text = serde_json::to_string(&p).unwrap();
         assert_eq!(
             text,
-            r#"{"state":"shutting-down","boot_id":"b","since":"T","ha":{"db":"00ff"},"version":"0.1.0"}"#
+            r#"{"state":"shutting-down","boot_id":"b","since":"T","ha":{"db":"00ff"},"version":"0.1.0","frozen":false}"#
         );
         assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), p);
     }

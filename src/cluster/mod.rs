@@ -8,9 +8,11 @@
 //!   own, and the fence deadline they move.
 //! - [`owner`]: the unit's own guard, `berth owner-check`: only the
 //!   owner starts an HA workload.
+//! - [`placement`]: who takes a workload nobody owns (pure).
 
 pub mod keys;
 pub mod owner;
+pub mod placement;
 pub mod presence;
 
 use std::collections::BTreeMap;
@@ -46,7 +48,12 @@ pub fn node_name(settings: &ClusterSettings) -> Result<String, String> {
 /// disk writes. It joins (retrying while etcd cannot be reached), then
 /// keeps the lease alive. What it shares tells the fence deadline and
 /// whether the thread still runs (the daemon's watchdog depends on it).
-pub fn start_agent(loaded: &Loaded, state_dir: PathBuf, boot_id: String) -> Option<Arc<LeaseState>> {
+pub fn start_agent(
+    loaded: &Loaded,
+    state_dir: PathBuf,
+    boot_id: String,
+    frozen: bool,
+) -> Option<Arc<LeaseState>> {
     let settings = loaded.host.cluster.clone()?;
     let ha: BTreeMap<String, String> = loaded
         .workloads
@@ -66,7 +73,7 @@ pub fn start_agent(loaded: &Loaded, state_dir: PathBuf, boot_id: String) -> Opti
                 Ok(r) => r,
                 Err(e) => return events.warn(&format!("cluster: cannot start the agent's runtime: {e}")),
             };
-            runtime.block_on(agent(settings, ha, state_dir, boot_id, shared, events));
+            runtime.block_on(agent(settings, ha, frozen, state_dir, boot_id, shared, events));
         });
     match spawned {
         Ok(_) => Some(state),
@@ -80,6 +87,7 @@ pub fn start_agent(loaded: &Loaded, state_dir: PathBuf, boot_id: String) -> Opti
 async fn agent(
     settings: ClusterSettings,
     ha: BTreeMap<String, String>,
+    frozen: bool,
     state_dir: PathBuf,
     boot_id: String,
     state: Arc<LeaseState>,
@@ -104,8 +112,16 @@ async fn agent(
     let (client, joined) = loop {
         let attempt = async {
             let mut client = presence::connect(&settings).await?;
-            let joined =
-                presence::join(&mut client, &settings, &node, &boot_id, &state_dir, ha.clone()).await?;
+            let joined = presence::join(
+                &mut client,
+                &settings,
+                &node,
+                &boot_id,
+                &state_dir,
+                ha.clone(),
+                frozen,
+            )
+            .await?;
             Ok::<_, presence::ClusterError>((client, joined))
         };
         match attempt.await {

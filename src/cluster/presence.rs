@@ -142,6 +142,7 @@ pub async fn join(
     boot_id: &str,
     state_dir: &Path,
     ha: BTreeMap<String, String>,
+    frozen: bool,
 ) -> Result<Joined, ClusterError> {
     let keys = Keys::new(&settings.prefix);
     let mut resumed = None;
@@ -178,6 +179,7 @@ pub async fn join(
         since: now.clone(),
         ha,
         version: env!("CARGO_PKG_VERSION").to_string(),
+        frozen,
     };
     let last = LastState {
         state: NodeState::Up,

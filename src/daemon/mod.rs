@@ -189,9 +189,10 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         None
     };
     // Cluster mode: the agent's own thread joins and keeps the lease.
-    let cluster = crate::state::runs::boot_id()
-        .ok()
-        .and_then(|boot| crate::cluster::start_agent(&loaded, root.state_dir(), boot));
+    let cluster = crate::state::runs::boot_id().ok().and_then(|boot| {
+        let frozen = crate::state::freeze::node_frozen(&root).is_some();
+        crate::cluster::start_agent(&loaded, root.state_dir(), boot, frozen)
+    });
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);
 
