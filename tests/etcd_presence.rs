@@ -87,6 +87,20 @@ fn settings(url: &str, ttl: u64) -> ClusterSettings {
     }
 }
 
+/// A client of `s`'s etcd once it answers (it is just starting).
+async fn connected(s: &ClusterSettings) -> etcd_client::Client {
+    let began = Instant::now();
+    loop {
+        if let Ok(mut c) = presence::connect(s).await
+            && c.status().await.is_ok()
+        {
+            return c;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "etcd did not come up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn value(client: &mut etcd_client::Client, key: &str) -> Option<(String, i64)> {
     let r = client.get(key, None).await.unwrap();
     r.kvs()
@@ -103,16 +117,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         .unwrap();
     rt.block_on(async {
         let s = settings(&etcd.url, 3);
-        let began = Instant::now();
-        let mut client = loop {
-            if let Ok(mut c) = presence::connect(&s).await
-                && c.status().await.is_ok()
-            {
-                break c;
-            }
-            assert!(began.elapsed() < Duration::from_secs(20), "etcd did not come up");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let mut client = connected(&s).await;
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let ha = BTreeMap::from([("db".to_string(), "00ff".to_string())]);
@@ -254,16 +259,7 @@ fn the_owner_check_fails_closed() {
         .unwrap();
     rt.block_on(async {
         let s = settings(&etcd.url, 10);
-        let began = Instant::now();
-        let mut client = loop {
-            if let Ok(mut c) = presence::connect(&s).await
-                && c.status().await.is_ok()
-            {
-                break c;
-            }
-            assert!(began.elapsed() < Duration::from_secs(20), "etcd did not come up");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let mut client = connected(&s).await;
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let joined = presence::join(

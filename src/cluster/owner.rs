@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::keys::{Keys, Owner};
-use super::presence::{self, LeaseRecord};
+use super::presence;
 use crate::config::ClusterSettings;
 
 /// How long the check may take in all: a partition hangs calls.
@@ -79,16 +79,11 @@ pub async fn confirm(
     state_dir: &Path,
     boot_id: &str,
 ) -> Result<(), NotOwner> {
-    let path = presence::lease_record_path(state_dir);
-    let record: LeaseRecord = std::fs::read(&path)
-        .map_err(|e| NotOwner::NoLease(format!("{}: {e}", path.display())))
-        .and_then(|b| {
-            serde_json::from_slice(&b).map_err(|e| NotOwner::NoLease(format!("{}: {e}", path.display())))
-        })?;
+    let record = presence::read_lease_record(state_dir).map_err(|e| NotOwner::NoLease(e.to_string()))?;
     if record.boot_id != boot_id {
         return Err(NotOwner::NoLease(format!(
             "{} is of an earlier boot",
-            path.display()
+            presence::lease_record_path(state_dir).display()
         )));
     }
     let asked = async {

@@ -113,8 +113,11 @@ pub fn lease_record_path(state_dir: &Path) -> PathBuf {
     state_dir.join("cluster-lease.json")
 }
 
-fn read_lease_record(state_dir: &Path) -> Option<LeaseRecord> {
-    serde_json::from_slice(&std::fs::read(lease_record_path(state_dir)).ok()?).ok()
+/// The lease this node recorded, as it is on disk.
+pub fn read_lease_record(state_dir: &Path) -> Result<LeaseRecord, ClusterError> {
+    let path = lease_record_path(state_dir);
+    let bytes = std::fs::read(&path).map_err(|e| ClusterError::Local(path.clone(), e))?;
+    serde_json::from_slice(&bytes).map_err(|e| ClusterError::Local(path, e.into()))
 }
 
 fn write_lease_record(state_dir: &Path, r: &LeaseRecord) -> Result<(), ClusterError> {
@@ -146,7 +149,7 @@ pub async fn join(
 ) -> Result<Joined, ClusterError> {
     let keys = Keys::new(&settings.prefix);
     let mut resumed = None;
-    if let Some(old) = read_lease_record(state_dir) {
+    if let Ok(old) = read_lease_record(state_dir) {
         if old.boot_id == boot_id {
             let ttl = client.lease_time_to_live(old.lease_id, None).await?.ttl();
             if ttl > 0 {

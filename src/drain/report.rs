@@ -74,7 +74,7 @@ pub(super) fn this_run(root: &Root, manager_started_us: Option<u64>, events: &Ev
     let Some(started) = manager_started_us else {
         return (boot_id, String::new());
     };
-    match crate::state::runs::note_current(root, started) {
+    match crate::state::runs::note_run(root, &boot_id, started) {
         Ok(runs) => (boot_id, runs.current),
         Err(e) => {
             events.warn(&e);

@@ -93,7 +93,13 @@ pub fn note(root: &Root, now: &str) -> io::Result<Runs> {
 /// unknown, and last-state workloads start).
 pub fn note_current(root: &Root, manager_started_us: u64) -> Result<Runs, String> {
     let boot = boot_id().map_err(|e| format!("cannot read this boot's id: {e}"))?;
-    note(root, &run_id(&boot, manager_started_us))
+    note_run(root, &boot, manager_started_us)
+}
+
+/// Notes the run of boot `boot` whose manager started at
+/// `manager_started_us`.
+pub fn note_run(root: &Root, boot: &str, manager_started_us: u64) -> Result<Runs, String> {
+    note(root, &run_id(boot, manager_started_us))
         .map_err(|e| format!("cannot write {}: {e}", path(root).display()))
 }
 
