@@ -42,6 +42,10 @@ pub const MIN_LEASE_TTL_S: u64 = 3;
 const MAX_LEASE_TTL_S: i64 = 3600;
 const MAX_ENDPOINTS: usize = 16;
 const MAX_NODE_NAME: usize = 63;
+/// A URL of a host name (at most 253 bytes) and a port, with room.
+const MAX_ENDPOINT: usize = 300;
+/// PATH_MAX, less its terminating NUL.
+const MAX_PATH: usize = 4095;
 
 impl ClusterSettings {
     /// How often the lease is kept alive: five times per TTL, so that two
@@ -82,6 +86,9 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
 }
 
 fn check_endpoint(e: &str) -> Result<(), String> {
+    if e.len() > MAX_ENDPOINT {
+        return Err(format!("is {} bytes long; at most {MAX_ENDPOINT}", e.len()));
+    }
     let rest = e
         .strip_prefix("http://")
         .or_else(|| e.strip_prefix("https://"))
@@ -168,7 +175,10 @@ pub(super) fn read(table: &Table, origin: &Origin, errors: &mut Vec<ConfigError>
     let rejoin_grace_period_s = r.int("rejoin_grace_period_s", 90, 1, 86_400) as u64;
     let path = |r: &mut Reader, key: &str| {
         let p = r.opt_text(key)?;
-        if p.starts_with('/') {
+        if p.len() > MAX_PATH {
+            r.error(key, format!("is {} bytes long; at most {MAX_PATH}", p.len()));
+            None
+        } else if p.starts_with('/') {
             Some(PathBuf::from(p))
         } else {
             r.error(
@@ -189,6 +199,8 @@ pub(super) fn read(table: &Table, origin: &Origin, errors: &mut Vec<ConfigError>
     }
     let tls = match ca {
         Some(ca) => Some(Tls { ca, cert, key }),
+        // A CA given but refused has its error already.
+        None if table.contains_key("tls_ca") => None,
         None => {
             if https > 0 {
                 r.error(

@@ -387,6 +387,17 @@ mod tests {
                 format!("{f}: cluster.tls_key: missing: a client certificate needs its key"),
             ),
             (
+                format!("[cluster]\nendpoints = [\"http://{}:1\"]", "h".repeat(100_000)),
+                format!("{f}: cluster.endpoints[0]: \"http://hhhh"),
+            ),
+            (
+                format!(
+                    "[cluster]\nendpoints = [\"https://a:2379\"]\ntls_ca = \"/{}\"",
+                    "p".repeat(100_000)
+                ),
+                format!("{f}: cluster.tls_ca: is 100001 bytes long; at most 4095"),
+            ),
+            (
                 format!("[cluster]\n{EP}\nlease = 3"),
                 format!("{f}: cluster.lease: unknown key"),
             ),
