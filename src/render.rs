@@ -149,7 +149,7 @@ const DAEMON_TEMPLATE: &str = "\
 {unit_section}
 [Service]
 WatchdogSec={watchdog}
-";
+{service_lines}";
 
 /// In cluster mode the daemon needs the network to reach etcd.
 const DAEMON_CLUSTER_UNIT: &str = "
@@ -421,7 +421,21 @@ pub fn daemon_drop_in(root: &Root, loaded: &Loaded) -> String {
                 },
             ),
             ("watchdog", &loaded.host.daemon.watchdog_s.to_string()),
+            ("service_lines", &daemon_cluster_service_lines(loaded)),
         ],
+    )
+}
+
+/// In cluster mode, whatever way the daemon ends (stop, crash, SIGKILL,
+/// watchdog), `berth fence-arm` arms the fence timer at the lease deadline
+/// it last saw; a daemon back in time disarms it (issue 13, point 4).
+fn daemon_cluster_service_lines(loaded: &Loaded) -> String {
+    if loaded.host.cluster.is_none() {
+        return String::new();
+    }
+    format!(
+        "ExecStopPost={}\n",
+        exec_line(&["berth".to_string(), "fence-arm".into()])
     )
 }
 

@@ -222,6 +222,20 @@ fn presence_lease_resume_revoke_and_expiry() {
             .unwrap()
             .ttl();
         assert!(old_ttl <= 0, "the earlier boot's lease is revoked ({old_ttl})");
+        // Keeping alive a lease etcd no longer has ends, saying so: the
+        // agent then joins again.
+        let lost = tokio::time::timeout(
+            Duration::from_secs(5),
+            presence::keep_alive(
+                client.clone(),
+                s.clone(),
+                first.lease_id,
+                Arc::new(LeaseState::default()),
+            ),
+        )
+        .await
+        .expect("a lease that is gone ends the keep-alive");
+        assert_eq!(lost, presence::LeaseLost::Expired);
         let (_, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
         assert_eq!(lease, after_boot.lease_id);
 

@@ -157,12 +157,12 @@ pub async fn run<O: Ops>(
                         summary.actions.push(done);
                     }
                 }
-                in_flight.push(start_one(ops, root, w, events));
+                in_flight.push(start_one(ops, root, w, TransitionReason::Boot, events));
                 continue;
             }
             // Its start completes and its delay passes before anything
             // after it is asked for; what went before goes on meanwhile.
-            let own = start_one(ops, root, w, events);
+            let own = start_one(ops, root, w, TransitionReason::Boot, events);
             tokio::pin!(own);
             let done = loop {
                 tokio::select! {
@@ -245,11 +245,17 @@ const LOCK_WAIT: Duration = Duration::from_secs(1);
 /// Starts one workload and records how its start job ended. The lock is
 /// held across the job, so that the supervisor does not record this start
 /// as someone else's; it is waited for without holding up the others.
-async fn start_one<O: Ops>(ops: &O, root: &Root, w: &Workload, events: &Events) -> (String, Action) {
+pub(crate) async fn start_one<O: Ops>(
+    ops: &O,
+    root: &Root,
+    w: &Workload,
+    reason: TransitionReason,
+    events: &Events,
+) -> (String, Action) {
     let lock = lock::workload_within(root, &w.name, LOCK_WAIT).await.ok();
     let action = match ops.start(&w.unit_name()).await {
-        Ok(job) => finish(ops, root, w, &job, lock, events).await,
-        Err(e) => record_start(root, w, Action::StartFailed(e.to_string()), lock, events),
+        Ok(job) => finish(ops, root, w, &job, reason, lock, events).await,
+        Err(e) => record_start(root, w, Action::StartFailed(e.to_string()), reason, lock, events),
     };
     (w.name.clone(), action)
 }
@@ -259,6 +265,7 @@ async fn finish<O: Ops>(
     root: &Root,
     w: &Workload,
     job: &Job,
+    reason: TransitionReason,
     lock: Option<std::fs::File>,
     events: &Events,
 ) -> Action {
@@ -270,13 +277,14 @@ async fn finish<O: Ops>(
             w.unit_name()
         )),
     };
-    record_start(root, w, outcome, lock, events)
+    record_start(root, w, outcome, reason, lock, events)
 }
 
 fn record_start(
     root: &Root,
     w: &Workload,
     outcome: Action,
+    reason: TransitionReason,
     lock: Option<std::fs::File>,
     events: &Events,
 ) -> Action {
@@ -286,7 +294,7 @@ fn record_start(
     };
     let change = |r: &mut records::Record| {
         r.state = state;
-        r.last_transition_reason = TransitionReason::Boot;
+        r.last_transition_reason = reason;
         r.outcome = Some(
             if detail.is_none() {
                 "Started"

@@ -1,10 +1,20 @@
-//! `berth owner-check NAME`: ExecStartPre= of an HA workload's unit. Exit
-//! 0 when this node owns NAME on its live lease; 1 with the reason, and
-//! the start refused, otherwise: it fails closed.
+//! The cluster's unit-side helpers:
+//! - `berth owner-check NAME`: ExecStartPre= of an HA workload's unit.
+//!   Exit 0 when this node owns NAME on its live lease; 1 with the
+//!   reason, and the start refused, otherwise: it fails closed.
+//! - `berth fence-arm`: ExecStopPost= of berth-daemon in cluster mode:
+//!   arms `berth-fence.timer` at the lease deadline the daemon last saw.
+//! - `berth fence`: what that timer starts: stops the HA workloads.
 
-use super::{block_on, say_error};
+use std::time::Duration;
+
+use super::lifecycle::helper_context;
+use super::{block_on, fail, say, say_error, with_systemd};
+use crate::cluster::fence;
+use crate::cluster::presence::boottime;
 use crate::config;
 use crate::paths::Root;
+use crate::systemd::Ops;
 
 pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
     let refuse = |why: &str| {
@@ -39,5 +49,73 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         Ok(Ok(())) => 0,
         Ok(Err(why)) => refuse(&why.to_string()),
         Err(e) => refuse(&format!("{e:#}")),
+    }
+}
+
+pub(super) fn fence_arm(root: &Root) -> i32 {
+    let loaded = config::load(root);
+    if loaded.host.cluster.is_none() {
+        return 0;
+    }
+    let Some(deadline) = fence::read_deadline(&root.runtime_dir()) else {
+        say("berth fence-arm: no lease deadline was seen in this boot; nothing to arm\n");
+        return 0;
+    };
+    let argv = match std::env::current_exe() {
+        Ok(exe) => vec![exe.to_string_lossy().into_owned(), "fence".to_string()],
+        Err(e) => {
+            say_error(&format!(
+                "berth fence-arm: cannot tell where the berth binary is: {e}"
+            ));
+            return 1;
+        }
+    };
+    let after = deadline.saturating_sub(boottime()).max(Duration::from_micros(1));
+    let armed = with_systemd(root, |sd| async move {
+        // A shutdown: the drain releases the HA workloads itself.
+        if sd.system_state().await.is_ok_and(|s| s == "stopping") {
+            return Ok(false);
+        }
+        sd.arm_timer(
+            fence::TIMER,
+            "berth: fence this node's HA workloads at its lease deadline",
+            after,
+            &argv,
+        )
+        .await?;
+        Ok(true)
+    });
+    match armed {
+        Ok(true) => {
+            say(&format!(
+                "berth fence-arm: {}.timer armed: the HA workloads stop in {} ms unless berth-daemon joins again first\n",
+                fence::TIMER,
+                after.as_millis()
+            ));
+            0
+        }
+        Ok(false) => {
+            say("berth fence-arm: the host is shutting down; the drain releases the HA workloads\n");
+            0
+        }
+        Err(e) => fail("fence-arm", &e),
+    }
+}
+
+pub(super) fn fence(root: &Root) -> i32 {
+    let (loaded, events) = helper_context(root);
+    let ha: Vec<config::Workload> = loaded
+        .workloads
+        .iter()
+        .filter(|w| w.ha.is_some())
+        .cloned()
+        .collect();
+    let ran = with_systemd(root, |sd| async move {
+        fence::fence_now(&sd, root, &ha, &events).await;
+        Ok(())
+    });
+    match ran {
+        Ok(()) => 0,
+        Err(e) => fail("fence", &e),
     }
 }

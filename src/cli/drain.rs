@@ -19,7 +19,13 @@ pub(super) fn run(root: &Root) -> i32 {
         let began = tokio::time::Instant::now();
         match Systemd::connect(root.manager()).await {
             Ok(sd) => {
-                drain::run(&sd, root, &loaded, &events, began).await;
+                // Cluster mode: owner keys released as workloads go down.
+                let release = crate::cluster::release::Release::begin(root, &loaded, &events);
+                let tell = release.as_ref().map(|r| r.teller());
+                drain::run_telling(&sd, root, &loaded, &events, began, tell).await;
+                if let Some(release) = release {
+                    release.finish(cluster_wait_until(began, &loaded), &events).await;
+                }
             }
             Err(e) => drain::unreachable(root, &loaded, &e, &events),
         }
@@ -28,6 +34,14 @@ pub(super) fn run(root: &Root) -> i32 {
         say_error(&format!("berth drain: {e:#}"));
     }
     0
+}
+
+/// How long a finished drain waits for etcd to hear the last releases
+/// and `drained`: at most 5 s, and never past the drain's deadline.
+fn cluster_wait_until(began: tokio::time::Instant, loaded: &config::Loaded) -> tokio::time::Instant {
+    let deadline = began + std::time::Duration::from_secs(loaded.host.drain_deadline_s);
+    (tokio::time::Instant::now() + std::time::Duration::from_secs(5))
+        .min(deadline.max(tokio::time::Instant::now()))
 }
 
 pub(super) fn last(root: &Root, json: bool) -> i32 {

@@ -163,6 +163,12 @@ enum Verb {
     /// ExecStartPre of an HA workload's unit: succeeds only on the node that owns it.
     #[command(hide = true)]
     OwnerCheck { name: String },
+    /// ExecStopPost of berth-daemon in cluster mode: arms the fence timer at the lease deadline.
+    #[command(hide = true)]
+    FenceArm,
+    /// What the fence timer runs: stops this node's HA workloads, recorded as the fence's.
+    #[command(hide = true)]
+    Fence,
     /// ExecStart of a libvirt workload's unit: starts or adopts the domain and follows it.
     #[command(hide = true)]
     Guest {
@@ -202,6 +208,8 @@ pub fn main() -> i32 {
         Verb::Autostart => with_root(root, lifecycle::autostart),
         Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
         Verb::OwnerCheck { name } => with_root(root, |r| cluster::owner_check(r, &name)),
+        Verb::FenceArm => with_root(root, cluster::fence_arm),
+        Verb::Fence => with_root(root, cluster::fence),
         Verb::Guest {
             domain,
             stop_delay,

@@ -83,6 +83,17 @@ pub enum NodeState {
     Drained,
 }
 
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Maintenance => "maintenance",
+            NodeState::ShuttingDown => "shutting-down",
+            NodeState::Drained => "drained",
+        }
+    }
+}
+
 /// `nodes/N`: the node's presence, bound to its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Presence {

@@ -9,20 +9,29 @@
 //! - [`owner`]: the unit's own guard, `berth owner-check`: only the
 //!   owner starts an HA workload.
 //! - [`placement`]: who takes a workload nobody owns (pure).
+//! - [`ownership`]: what the node saw of owners and presences, and what it
+//!   is to take now (pure); [`take`]: the loop that watches and takes.
+//! - [`fence`]: stops the HA workloads when the lease deadline passes,
+//!   starts them again once the owner key is confirmed.
+//! - [`release`]: the drain's part: announce, release, keep the lease.
 
+pub mod fence;
 pub mod keys;
 pub mod owner;
+pub mod ownership;
 pub mod placement;
 pub mod presence;
+pub mod release;
+pub mod take;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::config::{ClusterSettings, Loaded};
+use crate::config::{ClusterSettings, Loaded, Workload};
 use crate::events::Events;
+use crate::paths::Root;
 use presence::{LeaseState, boottime};
 
 /// This node's name: `[cluster] node`, else the hostname (which must then
@@ -48,19 +57,22 @@ pub fn node_name(settings: &ClusterSettings) -> Result<String, String> {
 /// disk writes. It joins (retrying while etcd cannot be reached), then
 /// keeps the lease alive. What it shares tells the fence deadline and
 /// whether the thread still runs (the daemon's watchdog depends on it).
-pub fn start_agent(
-    loaded: &Loaded,
-    state_dir: PathBuf,
-    boot_id: String,
-    frozen: bool,
-) -> Option<Arc<LeaseState>> {
+pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) -> Option<Arc<LeaseState>> {
     let settings = loaded.host.cluster.clone()?;
-    let ha: BTreeMap<String, String> = loaded
+    let ha = ha_hashes(loaded);
+    let workloads: Vec<Workload> = loaded
         .workloads
         .iter()
-        .filter_map(|w| Some((w.name.clone(), w.ha.as_ref()?.nodes_hash())))
+        .filter(|w| w.ha.is_some())
+        .cloned()
         .collect();
+    let root = root.clone();
     let state = Arc::new(LeaseState::default());
+    // A deadline a previous daemon of this boot saw holds until this one
+    // joins: the fence below keeps it.
+    if let Some(d) = fence::read_deadline(&root.runtime_dir()) {
+        state.set_deadline(d);
+    }
     state
         .progress_ms
         .store(boottime().as_millis() as u64, Ordering::Relaxed);
@@ -73,7 +85,13 @@ pub fn start_agent(
                 Ok(r) => r,
                 Err(e) => return events.warn(&format!("cluster: cannot start the agent's runtime: {e}")),
             };
-            runtime.block_on(agent(settings, ha, frozen, state_dir, boot_id, shared, events));
+            let joining = Joining {
+                settings,
+                ha,
+                frozen,
+                boot_id,
+            };
+            runtime.block_on(agent(joining, root, workloads, shared, events));
         });
     match spawned {
         Ok(_) => Some(state),
@@ -84,12 +102,28 @@ pub fn start_agent(
     }
 }
 
-async fn agent(
+/// The node's HA workloads and a hash of each one's candidate list, as
+/// its presence publishes them.
+pub fn ha_hashes(loaded: &Loaded) -> BTreeMap<String, String> {
+    loaded
+        .workloads
+        .iter()
+        .filter_map(|w| Some((w.name.clone(), w.ha.as_ref()?.nodes_hash())))
+        .collect()
+}
+
+/// What a join needs.
+struct Joining {
     settings: ClusterSettings,
     ha: BTreeMap<String, String>,
     frozen: bool,
-    state_dir: PathBuf,
     boot_id: String,
+}
+
+async fn agent(
+    joining: Joining,
+    root: Root,
+    workloads: Vec<Workload>,
     state: Arc<LeaseState>,
     events: Events,
 ) {
@@ -103,48 +137,96 @@ async fn agent(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     });
-    let node = match node_name(&settings) {
+    let settings = &joining.settings;
+    // The fence needs nothing from etcd: it runs from the start.
+    tokio::spawn(fence::run(fence::Context {
+        settings: settings.clone(),
+        root: root.clone(),
+        workloads: workloads.clone(),
+        state: state.clone(),
+        events: Events::new("berth-daemon"),
+    }));
+    let node = match node_name(settings) {
         Ok(n) => n,
         Err(e) => return events.warn(&format!("cluster: {e}; this node stays out of the cluster")),
     };
-    let interval = settings.keep_alive_interval();
+    loop {
+        let (client, joined) = join_until_joined(&joining, &node, &root, &events).await;
+        state.lease.store(joined.lease_id, Ordering::Relaxed);
+        state.set_deadline(joined.deadline);
+        events.info(&format!(
+            "cluster: joined as {node} at {}, lease {:x} ({}, TTL {} s)",
+            settings.endpoints.join(" "),
+            joined.lease_id,
+            if joined.resumed {
+                "resumed: same boot"
+            } else {
+                "new"
+            },
+            joined.granted_ttl_s
+        ));
+        let taking = take::Context {
+            settings: settings.clone(),
+            node: node.clone(),
+            root: root.clone(),
+            workloads: workloads.clone(),
+            state: state.clone(),
+            events: Events::new("berth-daemon"),
+        };
+        // The ownership loop never ends by itself: when the lease is lost
+        // (expired, or etcd silent for a TTL), both go, and the node joins
+        // again on a new connection (resuming the lease if it is alive).
+        let lost = tokio::select! {
+            lost = presence::keep_alive(client.clone(), settings.clone(), joined.lease_id, state.clone()) => lost,
+            _ = take::run(client, taking, joined.lease_id) => continue,
+        };
+        events.warn(&match lost {
+            presence::LeaseLost::Expired => format!(
+                "cluster: lease {:x} expired: joining again with a new one",
+                joined.lease_id
+            ),
+            presence::LeaseLost::Silent => format!(
+                "cluster: no answer from etcd for a whole TTL on lease {:x}: joining again",
+                joined.lease_id
+            ),
+        });
+    }
+}
+
+/// Joins, trying again every keep-alive interval while etcd cannot be
+/// reached; says so once.
+async fn join_until_joined(
+    joining: &Joining,
+    node: &str,
+    root: &Root,
+    events: &Events,
+) -> (etcd_client::Client, presence::Joined) {
+    let settings = &joining.settings;
     let mut said = false;
-    let (client, joined) = loop {
+    loop {
         let attempt = async {
-            let mut client = presence::connect(&settings).await?;
+            let mut client = presence::connect(settings).await?;
             let joined = presence::join(
                 &mut client,
-                &settings,
-                &node,
-                &boot_id,
-                &state_dir,
-                ha.clone(),
-                frozen,
+                settings,
+                node,
+                &joining.boot_id,
+                &root.state_dir(),
+                joining.ha.clone(),
+                joining.frozen,
             )
             .await?;
             Ok::<_, presence::ClusterError>((client, joined))
         };
         match attempt.await {
-            Ok(done) => break done,
+            Ok(done) => return done,
             Err(e) => {
                 if !said {
                     events.warn(&format!("cluster: cannot join as {node} yet ({e}); trying again"));
                     said = true;
                 }
-                tokio::time::sleep(interval).await;
+                tokio::time::sleep(settings.keep_alive_interval()).await;
             }
         }
-    };
-    events.info(&format!(
-        "cluster: joined as {node} at {}, lease {:x} ({}, TTL {} s)",
-        settings.endpoints.join(" "),
-        joined.lease_id,
-        if joined.resumed {
-            "resumed: same boot"
-        } else {
-            "new"
-        },
-        joined.granted_ttl_s
-    ));
-    presence::keep_alive(client, settings, joined.lease_id, state).await;
+    }
 }

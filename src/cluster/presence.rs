@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
@@ -133,6 +133,9 @@ pub struct Joined {
     /// The lease of this boot was still alive: a restart, not a new boot.
     pub resumed: bool,
     pub granted_ttl_s: i64,
+    /// The fence deadline the grant (or the resumed lease's remaining
+    /// TTL) gives, counted from before the request was sent.
+    pub deadline: Duration,
 }
 
 /// Takes the node's lease (resumed when the record is of this boot and
@@ -149,6 +152,7 @@ pub async fn join(
 ) -> Result<Joined, ClusterError> {
     let keys = Keys::new(&settings.prefix);
     let mut resumed = None;
+    let sent = boottime();
     if let Ok(old) = read_lease_record(state_dir) {
         if old.boot_id == boot_id {
             let ttl = client.lease_time_to_live(old.lease_id, None).await?.ttl();
@@ -175,28 +179,17 @@ pub async fn join(
             boot_id: boot_id.to_string(),
         },
     )?;
-    let now = rfc3339(std::time::SystemTime::now());
-    let presence = Presence {
-        state: NodeState::Up,
-        boot_id: boot_id.to_string(),
-        since: now.clone(),
-        ha,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        frozen,
+    announce(
+        client,
+        &keys,
+        node,
+        lease_id,
+        presence(NodeState::Up, boot_id, ha, frozen),
+    )
+    .await?;
+    let member = Member {
+        joined_at: rfc3339(std::time::SystemTime::now()),
     };
-    let last = LastState {
-        state: NodeState::Up,
-        boot_id: boot_id.to_string(),
-        at: now.clone(),
-    };
-    let member = Member { joined_at: now };
-    let on_lease = Some(PutOptions::new().with_lease(lease_id));
-    client
-        .txn(Txn::new().and_then(vec![
-            TxnOp::put(keys.node(node), json(&presence), on_lease),
-            TxnOp::put(keys.last_state(node), json(&last), None),
-        ]))
-        .await?;
     // The member key is written once: its creation is the join.
     client
         .txn(
@@ -213,10 +206,51 @@ pub async fn join(
         lease_id,
         resumed: resumed.is_some(),
         granted_ttl_s,
+        deadline: (sent + Duration::from_secs(granted_ttl_s.max(0) as u64))
+            .saturating_sub(settings.fence_margin()),
     })
 }
 
-fn json<T: Serialize>(v: &T) -> String {
+/// A presence in `state` from now on.
+pub fn presence(state: NodeState, boot_id: &str, ha: BTreeMap<String, String>, frozen: bool) -> Presence {
+    Presence {
+        state,
+        boot_id: boot_id.to_string(),
+        since: rfc3339(std::time::SystemTime::now()),
+        ha,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        frozen,
+    }
+}
+
+/// Puts the node's presence on its lease and its last state (which
+/// outlives the lease), in one transaction.
+pub async fn announce(
+    client: &mut Client,
+    keys: &Keys,
+    node: &str,
+    lease_id: i64,
+    presence: Presence,
+) -> Result<(), ClusterError> {
+    let last = LastState {
+        state: presence.state,
+        boot_id: presence.boot_id.clone(),
+        at: presence.since.clone(),
+    };
+    client
+        .txn(Txn::new().and_then(vec![
+            TxnOp::put(
+                keys.node(node),
+                json(&presence),
+                Some(PutOptions::new().with_lease(lease_id)),
+            ),
+            TxnOp::put(keys.last_state(node), json(&last), None),
+        ]))
+        .await?;
+    Ok(())
+}
+
+pub(super) fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
@@ -227,9 +261,25 @@ fn json<T: Serialize>(v: &T) -> String {
 pub struct LeaseState {
     pub fence_deadline_ms: AtomicU64,
     pub progress_ms: AtomicU64,
+    /// The live lease (0 before the first join).
+    pub lease: AtomicI64,
 }
 
 impl LeaseState {
+    pub fn lease_id(&self) -> i64 {
+        self.lease.load(Ordering::Relaxed)
+    }
+
+    pub fn set_deadline(&self, d: Duration) {
+        self.fence_deadline_ms
+            .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// Whether the deadline is known and still ahead: the node may take.
+    pub fn ahead(&self) -> bool {
+        self.deadline().is_some_and(|d| boottime() < d)
+    }
+
     pub fn deadline(&self) -> Option<Duration> {
         match self.fence_deadline_ms.load(Ordering::Relaxed) {
             0 => None,
@@ -244,25 +294,49 @@ impl LeaseState {
     }
 }
 
-/// Keeps `lease_id` alive every keep-alive interval until the process
-/// ends, moving the fence deadline on each acknowledgement. A broken
-/// stream is opened again; nothing here waits on anything but etcd.
+/// Why [`keep_alive`] stopped keeping a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseLost {
+    /// etcd answered that the lease is gone (it expired).
+    Expired,
+    /// No answer for a whole TTL: the deadline has passed (the fence
+    /// runs), and whatever the connection is, it is not to be trusted.
+    Silent,
+}
+
+/// Keeps `lease_id` alive every keep-alive interval, moving the fence
+/// deadline on each acknowledgement, until etcd says the lease is gone or
+/// says nothing for a whole TTL: the node then joins again, on a new
+/// connection, resuming the lease if etcd still has it. A partition may
+/// leave a connection that neither answers nor fails, so silence, not an
+/// error, ends it. A broken stream is opened again; nothing here waits on
+/// anything but etcd.
 pub async fn keep_alive(
     mut client: Client,
     settings: ClusterSettings,
     lease_id: i64,
     state: Arc<LeaseState>,
-) {
+) -> LeaseLost {
     let interval = settings.keep_alive_interval();
     let margin = settings.fence_margin();
+    let ttl = Duration::from_secs(settings.lease_ttl_s);
+    let mut answered = boottime();
     loop {
         state
             .progress_ms
             .store(boottime().as_millis() as u64, Ordering::Relaxed);
+        if boottime().saturating_sub(answered) > ttl {
+            return LeaseLost::Silent;
+        }
         let opened = tokio::time::timeout(CALL_TIMEOUT, client.lease_keep_alive(lease_id)).await;
-        let Ok(Ok((mut keeper, mut stream))) = opened else {
-            tokio::time::sleep(interval).await;
-            continue;
+        let (mut keeper, mut stream) = match opened {
+            Ok(Ok(opened)) => opened,
+            // The client's way of saying the first answer had TTL 0.
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => return LeaseLost::Expired,
+            _ => {
+                tokio::time::sleep(interval).await;
+                continue;
+            }
         };
         let mut clock = LeaseClock::default();
         let mut tick = tokio::time::interval(interval);
@@ -270,16 +344,25 @@ pub async fn keep_alive(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    state.progress_ms.store(boottime().as_millis() as u64, Ordering::Relaxed);
-                    clock.sent(boottime());
-                    if keeper.keep_alive().await.is_err() {
-                        break;
+                    let now = boottime();
+                    state.progress_ms.store(now.as_millis() as u64, Ordering::Relaxed);
+                    if now.saturating_sub(answered) > ttl {
+                        return LeaseLost::Silent;
+                    }
+                    clock.sent(now);
+                    // Never waits long: a stream that stopped taking
+                    // keep-alives counts as broken.
+                    match tokio::time::timeout(interval, keeper.keep_alive()).await {
+                        Ok(Ok(())) => {}
+                        _ => break,
                     }
                 }
                 answer = stream.message() => match answer {
+                    Ok(Some(r)) if r.ttl() <= 0 => return LeaseLost::Expired,
                     Ok(Some(r)) => {
+                        answered = boottime();
                         if let Some(deadline) = clock.acknowledged(r.ttl(), margin) {
-                            state.fence_deadline_ms.store(deadline.as_millis() as u64, Ordering::Relaxed);
+                            state.set_deadline(deadline);
                         }
                     }
                     _ => break,

@@ -2,7 +2,9 @@
 //! workloads, notices exits as they happen (systemd's PropertiesChanged
 //! signals, no polling), records every transition with its cause, and keeps
 //! systemd's watchdog fed only while its loop runs. It never starts, stops
-//! or kills a workload.
+//! or kills a workload, except in cluster mode, where its agent (on a
+//! thread of its own, `crate::cluster`) starts the HA workloads this node
+//! takes and fences them at the lease deadline.
 //!
 //! [`classify`] holds the transition rules as pure functions with a table
 //! test; [`supervisor`] feeds them what systemd shows and writes records;
@@ -191,7 +193,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     // Cluster mode: the agent's own thread joins and keeps the lease.
     let cluster = crate::state::runs::boot_id().ok().and_then(|boot| {
         let frozen = crate::state::freeze::node_frozen(&root).is_some();
-        crate::cluster::start_agent(&loaded, root.state_dir(), boot, frozen)
+        crate::cluster::start_agent(&root, &loaded, boot, frozen)
     });
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);

@@ -12,6 +12,7 @@ use std::io::Write;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc::UnboundedSender;
 
 use super::plan::{self, Target};
 use super::progress::{Progress, WAITING_EVERY};
@@ -34,9 +35,28 @@ use crate::time::rfc3339;
 /// stopped answering queues every call for 10 s) is reported Failed, so
 /// that the report is written before systemd's TimeoutStopSec= kill.
 pub async fn run<O: Ops>(ops: &O, root: &Root, loaded: &Loaded, events: &Events, began: Instant) -> Report {
-    run_showing(ops, root, loaded, events, began, |total| {
-        Progress::for_drain(total, events.echoes())
-    })
+    run_telling(ops, root, loaded, events, began, None).await
+}
+
+/// [`run`], each result also sent to `tell` as it comes (the cluster's
+/// release of owner keys, which must not wait for the whole drain).
+pub async fn run_telling<O: Ops>(
+    ops: &O,
+    root: &Root,
+    loaded: &Loaded,
+    events: &Events,
+    began: Instant,
+    tell: Option<UnboundedSender<StopResult>>,
+) -> Report {
+    run_showing(
+        ops,
+        root,
+        loaded,
+        events,
+        began,
+        |total| Progress::for_drain(total, events.echoes()),
+        tell,
+    )
     .await
 }
 
@@ -49,6 +69,7 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     events: &Events,
     began: Instant,
     progress: impl FnOnce(usize) -> Progress<W>,
+    tell: Option<UnboundedSender<StopResult>>,
 ) -> Report {
     let started = began;
     let started_at = rfc3339(SystemTime::now() - began.elapsed());
@@ -127,6 +148,7 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
             deadline,
             &mut results,
             &mut progress,
+            tell.as_ref(),
         ),
     )
     .await
@@ -209,6 +231,7 @@ async fn stop_groups<O: Ops, W: Write>(
     deadline: Instant,
     results: &mut Vec<StopResult>,
     progress: &mut Progress<W>,
+    tell: Option<&UnboundedSender<StopResult>>,
 ) {
     let mut records = Vec::new();
     // Whose stops are under way, for the waiting line.
@@ -268,6 +291,9 @@ async fn stop_groups<O: Ops, W: Write>(
             if let Some((r, _)) = &next {
                 stopping.remove(&r.workload);
                 progress.finished(r);
+                if let Some(tell) = tell {
+                    let _ = tell.send(r.clone());
+                }
             }
             match next {
                 Some((r, lock)) if Instant::now() >= deadline && queue.len() > 0 => {
@@ -342,7 +368,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(1);
 /// Stops one workload. `root` given: its lock is taken first and handed back
 /// with the result, so that the supervisor does not record this stop as
 /// someone else's before the drain has recorded it.
-async fn stop_one<O: Ops>(
+pub(crate) async fn stop_one<O: Ops>(
     ops: &O,
     t: Target,
     root: Option<&Root>,

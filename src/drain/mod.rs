@@ -11,7 +11,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 
-pub use execute::run;
+pub use execute::{run, run_telling};
 pub use plan::{DryRun, Target, dry_run};
 pub use report::{SUMMARY_MESSAGE_ID, unreachable};
 
@@ -401,6 +401,7 @@ pub(crate) mod tests {
             .unit("idle", false, Behaviour::Takes(SEC));
         let sink = Sink::default();
         let out = sink.clone();
+        let (tell, mut heard) = tokio::sync::mpsc::unbounded_channel();
         execute::run_showing(
             &ops,
             &root,
@@ -408,8 +409,23 @@ pub(crate) mod tests {
             &Events::new("test"),
             tokio::time::Instant::now(),
             move |total| progress::Progress::to(out, total),
+            Some(tell),
         )
         .await;
+        // Each result is told as it comes (the cluster releases owner
+        // keys by them), not at the end.
+        let mut told = Vec::new();
+        while let Ok(r) = heard.try_recv() {
+            told.push((r.workload, r.outcome));
+        }
+        assert_eq!(
+            told,
+            [
+                ("idle".to_string(), Outcome::AlreadyOff),
+                ("quick".to_string(), Outcome::GracefulOff),
+                ("slow".to_string(), Outcome::GracefulOff)
+            ]
+        );
         let text = String::from_utf8(sink.0.borrow().clone()).unwrap();
         assert_eq!(
             text.lines().collect::<Vec<_>>(),

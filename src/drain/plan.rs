@@ -30,7 +30,7 @@ pub struct Target {
 }
 
 impl Target {
-    fn from_workload(w: &Workload, running: bool) -> Target {
+    pub(crate) fn from_workload(w: &Workload, running: bool) -> Target {
         Target {
             name: w.name.clone(),
             unit: w.unit_name(),

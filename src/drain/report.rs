@@ -102,6 +102,17 @@ pub(super) fn record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>, 
 /// The record part of [`record`]: blocking file work (a lock, a write, two
 /// fsyncs), which the drain runs off its runtime's thread.
 pub(super) fn write_record(root: &Root, r: &StopResult, lock: Option<&std::fs::File>) -> io::Result<Updated> {
+    write_record_as(root, r, lock, TransitionReason::Drain)
+}
+
+/// [`write_record`] for a stop made for `reason` (the cluster's fence
+/// stops through the drain's path).
+pub(crate) fn write_record_as(
+    root: &Root,
+    r: &StopResult,
+    lock: Option<&std::fs::File>,
+    reason: TransitionReason,
+) -> io::Result<Updated> {
     let now = rfc3339(SystemTime::now());
     let change = |rec: &mut records::Record| {
         // Only a stop the drain made is a transition; AlreadyOff keeps the
@@ -113,7 +124,7 @@ pub(super) fn write_record(root: &Root, r: &StopResult, lock: Option<&std::fs::F
         if transition {
             rec.state = RecordState::Stopped;
             rec.stopped_at = Some(now.clone());
-            rec.last_transition_reason = TransitionReason::Drain;
+            rec.last_transition_reason = reason;
             rec.detected_by = None;
             rec.invocation_id = None;
         }
@@ -132,7 +143,7 @@ pub(super) fn write_record(root: &Root, r: &StopResult, lock: Option<&std::fs::F
 }
 
 /// The journal part of [`record`]: one event per workload outcome.
-pub(super) fn log_outcome(r: &StopResult, events: &Events) {
+pub(crate) fn log_outcome(r: &StopResult, events: &Events) {
     let mut fields = vec![
         ("BERTH_WORKLOAD", r.workload.clone()),
         ("BERTH_OUTCOME", r.outcome.as_str().to_string()),

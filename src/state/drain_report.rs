@@ -23,6 +23,19 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The workload is known to be down after it: what its owner key (in
+    /// cluster mode) may be released on.
+    pub fn is_down(self) -> bool {
+        matches!(
+            self,
+            Outcome::GracefulOff
+                | Outcome::Saved
+                | Outcome::PoweredOff
+                | Outcome::AlreadyOff
+                | Outcome::ForcedOff
+        )
+    }
+
     pub fn message_id(self) -> &'static str {
         match self {
             Outcome::GracefulOff => "a0ddea6ee36c427990a5421dd1040be6",

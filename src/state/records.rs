@@ -54,6 +54,12 @@ string_enum! {
         /// started while no supervisor watched. One transition for both;
         /// how the old one ended is in the journal under its InvocationID.
         Replaced = "replaced",
+        /// Started by its cluster agent, which took its owner key
+        /// (cluster mode, `ha = true`).
+        HaTake = "ha-take",
+        /// Stopped by its cluster agent's fence: the node's lease was
+        /// about to expire (cluster mode, `ha = true`).
+        Fence = "fence",
     }
 }
 

@@ -19,6 +19,7 @@ pub mod fake;
 mod jobs;
 pub mod ops;
 pub mod proxies;
+mod transient;
 pub mod types;
 mod watch;
 

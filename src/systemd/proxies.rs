@@ -35,6 +35,17 @@ pub trait Manager {
 
     fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
 
+    /// A unit that lives until it stops (the cluster's fence timer and
+    /// its service): properties, then the units that go with it.
+    #[allow(clippy::type_complexity)]
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, zbus::Variant<'_>)],
+        aux: &[(&str, &[(&str, zbus::Variant<'_>)])],
+    ) -> zbus::Result<OwnedObjectPath>;
+
     fn cancel_job(&self, id: u32) -> zbus::Result<()>;
 
     /// `systemctl daemon-reload`: reruns the generators, reloads units.

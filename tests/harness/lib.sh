@@ -317,11 +317,15 @@ ct_boot() {
     [ -z "${CT_ROOT:-}" ] || root=(-D "$CT_ROOT")
     # CT_NSPAWN_OPTS: more options for nspawn itself (podman's needs).
     root+=(${CT_NSPAWN_OPTS[@]+"${CT_NSPAWN_OPTS[@]}"})
-    systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
-        --machine="$CT_NAME" \
-        --bind="$CT_DIR/out:/out" \
-        systemd.firstboot=off systemd.unit=multi-user.target "$@" \
-        </dev/null >"$CT_DIR/console.log" 2>&1 &
+    # CT_CGROUP=1: the container gets cgroups of its own (several booted
+    # at once: one cgroup shared by two containers is torn down by both).
+    (
+        [ "${CT_CGROUP:-}" != 1 ] || ct_cgroup_enter "$CT_NAME"
+        exec systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
+            --machine="$CT_NAME" \
+            --bind="$CT_DIR/out:/out" \
+            systemd.firstboot=off systemd.unit=multi-user.target "$@"
+    ) </dev/null >"$CT_DIR/console.log" 2>&1 &
     CT_NSPAWN=$!
     local i
     # nspawn forks short-lived helpers first: wait for the child that is
@@ -348,6 +352,65 @@ ct_boot() {
         running | degraded) ;;
         *) die "container $CT_NAME did not finish booting (state '$state'); see $CT_DIR/console.log" ;;
     esac
+}
+
+# ct_cgroup_enter NAME: moves this (sub)shell into cgroups of its own in
+# the hierarchies systemd uses (name=systemd and the unified one).
+CT_CGROUP_HIERARCHIES=(/sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup)
+ct_cgroup_enter() {
+    local h
+    for h in "${CT_CGROUP_HIERARCHIES[@]}"; do
+        [ -e "$h/cgroup.procs" ] || continue
+        mkdir -p "$h/berth-harness-$1"
+        echo "$BASHPID" >"$h/berth-harness-$1/cgroup.procs" || die "cannot move into $h/berth-harness-$1"
+    done
+}
+
+# ct_cgroup_remove NAME: what is left of them once the container is gone.
+ct_cgroup_remove() {
+    local h
+    for h in "${CT_CGROUP_HIERARCHIES[@]}"; do
+        [ -d "$h/berth-harness-$1" ] || continue
+        find "$h/berth-harness-$1" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done
+}
+
+# Several containers at once ("nodes"), each in cgroups of its own:
+#   node_boot NODE CONFIG-DIR [KERNEL-ARG...]   boots one (ct_boot NODE)
+#   node_use NODE      makes it the one ct, ct_prop, ct_poweroff… act on
+#   on NODE CMD...     runs CMD inside NODE
+declare -A NODE_PID=() NODE_NSPAWN=() NODE_DIR=() NODE_NAME=()
+node_boot() {
+    local node=$1
+    shift
+    CT_CGROUP=1 ct_boot "$node" "$@"
+    NODE_PID[$node]=$CT_PID
+    NODE_NSPAWN[$node]=$CT_NSPAWN
+    NODE_DIR[$node]=$CT_DIR
+    NODE_NAME[$node]=$CT_NAME
+}
+node_use() {
+    CT_PID=${NODE_PID[$1]}
+    CT_NSPAWN=${NODE_NSPAWN[$1]}
+    CT_DIR=${NODE_DIR[$1]}
+    CT_NAME=${NODE_NAME[$1]}
+}
+on() {
+    local node=$1
+    shift
+    nsenter -t "${NODE_PID[$node]}" -a "$@"
+}
+nodes_cleanup() {
+    local node
+    for node in "${!NODE_NSPAWN[@]}"; do
+        kill "${NODE_NSPAWN[$node]}" 2>/dev/null || true
+    done
+    for node in "${!NODE_NSPAWN[@]}"; do
+        local i
+        for i in $(seq 50); do kill -0 "${NODE_NSPAWN[$node]}" 2>/dev/null || break; sleep 0.2; done
+        kill -9 "${NODE_NSPAWN[$node]}" 2>/dev/null || true
+        ct_cgroup_remove "${NODE_NAME[$node]}"
+    done
 }
 
 # wait_for SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS.
@@ -479,6 +542,7 @@ scenario_begin() {
 scenario_end() {
     local rc=$?
     ct_cleanup
+    nodes_cleanup
     if [ "$rc" -ne 0 ] && [ "$FAILED" -eq 0 ]; then
         FAILED=1
         printf '  FAIL  scenario aborted (exit %s)\n' "$rc"

@@ -1,0 +1,301 @@
+//! The owner's fence (issue 13, point 3): when the node's lease deadline
+//! (`t_send + TTL − margin`, moved by each acknowledged keep-alive) passes,
+//! the node stops every HA workload it runs, through the drain's stop path
+//! (graceful, then forced per policy, each within its stop bound), and
+//! records them as stopped by the fence. Deadlines, never errors, decide:
+//! a partition hangs calls rather than failing them, and the fence needs
+//! nothing from etcd.
+//!
+//! Once the deadline is ahead again (a keep-alive got through before the
+//! lease expired), a workload the fence stopped is started again only
+//! after a transaction confirms its owner key is still on this node's live
+//! lease; a key that went (the lease expired, a peer may own it now)
+//! leaves it to the takers.
+//!
+//! The deadline is also kept under the runtime directory: a daemon that
+//! restarts while etcd cannot be reached fences at the deadline its
+//! predecessor last saw.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn};
+
+use super::keys::{self, Keys};
+use super::presence::{self, LeaseState, boottime};
+use crate::config::{ClusterSettings, Workload};
+use crate::drain::execute::stop_one;
+use crate::drain::plan::Target;
+use crate::drain::report::{log_outcome, write_record_as};
+use crate::events::Events;
+use crate::paths::Root;
+use crate::state::records::{self, RecordState, TransitionReason};
+use crate::systemd::{Ops, Systemd};
+
+/// What the fence does on this look (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing: the deadline is ahead and nothing is fenced, or no
+    /// deadline is known (never joined: nothing was taken either).
+    Wait,
+    /// The deadline passed: stop the HA workloads.
+    Fence,
+    /// The deadline is ahead again: try to start what the fence stopped.
+    Lift,
+}
+
+pub fn step(deadline: Option<Duration>, now: Duration, fenced: bool, armed: bool) -> Step {
+    match deadline {
+        Some(d) if now >= d && armed => Step::Fence,
+        Some(d) if now < d && fenced => Step::Lift,
+        _ => Step::Wait,
+    }
+}
+
+pub fn deadline_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-fence-deadline")
+}
+
+/// The deadline a previous daemon of this boot kept (CLOCK_BOOTTIME ms;
+/// the runtime directory does not outlive the boot).
+pub fn read_deadline(runtime_dir: &Path) -> Option<Duration> {
+    let text = std::fs::read_to_string(deadline_path(runtime_dir)).ok()?;
+    text.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+fn write_deadline(runtime_dir: &Path, d: Duration) {
+    let path = deadline_path(runtime_dir);
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, format!("{}\n", d.as_millis())).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+pub struct Context {
+    pub settings: ClusterSettings,
+    pub root: Root,
+    /// The node's HA workloads.
+    pub workloads: Vec<Workload>,
+    pub state: Arc<LeaseState>,
+    pub events: Events,
+}
+
+/// Runs until the process ends, looking every 100 ms.
+pub async fn run(ctx: Context) {
+    let sd = loop {
+        match Systemd::connect(ctx.root.manager()).await {
+            Ok(sd) => break sd,
+            Err(e) => {
+                ctx.events.warn(&format!(
+                    "cluster: the fence cannot reach systemd ({e}); trying again"
+                ));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let runtime_dir = ctx.root.runtime_dir();
+    // What a fence stopped, this daemon's or the timer's (`berth fence`,
+    // maybe while no daemon ran): read from the records, each stop once
+    // (by its transition generation).
+    let mut fenced: BTreeSet<String> = BTreeSet::new();
+    let mut judged: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last_scan = Duration::ZERO;
+    let mut client: Option<Client> = None;
+    let mut written = None;
+    // Armed while the deadline is ahead: one fence per passing.
+    let mut armed = true;
+    let mut last_lift = Duration::ZERO;
+    let mut disarmed = 0;
+    loop {
+        let now = boottime();
+        let deadline = ctx.state.deadline();
+        if deadline != written
+            && let Some(d) = deadline
+        {
+            write_deadline(&runtime_dir, d);
+            written = deadline;
+        }
+        if now.saturating_sub(last_scan) >= Duration::from_secs(1) {
+            last_scan = now;
+            for w in &ctx.workloads {
+                let Ok(Some(r)) = records::load(&ctx.root, &w.name) else {
+                    continue;
+                };
+                if r.state == RecordState::Stopped
+                    && r.last_transition_reason == TransitionReason::Fence
+                    && judged.get(&w.name) != Some(&r.transition_generation)
+                {
+                    judged.insert(w.name.clone(), r.transition_generation);
+                    fenced.insert(w.name.clone());
+                }
+            }
+        }
+        match step(deadline, now, !fenced.is_empty(), armed) {
+            Step::Fence => {
+                armed = false;
+                fenced.extend(fence_now(&sd, &ctx.root, &ctx.workloads, &ctx.events).await);
+            }
+            Step::Lift if now.saturating_sub(last_lift) >= Duration::from_secs(1) => {
+                last_lift = now;
+                lift(&sd, &ctx, &mut client, &mut fenced).await;
+            }
+            _ => {}
+        }
+        if deadline.is_some_and(|d| boottime() < d) {
+            armed = true;
+            // Joined, the deadline ahead: the timer a previous daemon armed
+            // on its way out (ExecStopPost=) has nothing left to do.
+            let lease = ctx.state.lease_id();
+            if lease != 0 && disarmed != lease {
+                disarmed = lease;
+                if sd.stop(&format!("{TIMER}.timer")).await.is_ok() {
+                    ctx.events.info(&format!(
+                        "cluster: disarmed {TIMER}.timer: lease {lease:x} is alive"
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The transient timer (and service) `berth fence-arm` arms.
+pub const TIMER: &str = "berth-fence";
+
+/// Stops every HA workload of `workloads` that runs here, all at once,
+/// each within its stop bound, recorded as the fence's; the names of
+/// those it stopped. The daemon's fence and `berth fence` (the timer's)
+/// both come here.
+pub async fn fence_now<O: Ops>(sd: &O, root: &Root, workloads: &[Workload], events: &Events) -> Vec<String> {
+    let mut running = Vec::new();
+    for w in workloads {
+        if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
+            running.push(w);
+        }
+    }
+    if running.is_empty() {
+        events
+            .warn("cluster: fence: the lease deadline passed with no keep-alive acknowledged; no HA workload runs here");
+        return Vec::new();
+    }
+    events.warn(&format!(
+        "cluster: fence: the lease deadline passed with no keep-alive acknowledged; stopping {}",
+        running
+            .iter()
+            .map(|w| w.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let began = tokio::time::Instant::now();
+    let stops = running.iter().map(|w| {
+        let bound = sd_bound(w);
+        stop_one(
+            sd,
+            Target::from_workload(w, true),
+            Some(root),
+            began,
+            began + bound,
+        )
+    });
+    let results = futures_util::future::join_all(stops).await;
+    let mut stopped = Vec::new();
+    for (r, lock) in results {
+        events.recorded(
+            &r.workload,
+            write_record_as(root, &r, lock.as_ref(), TransitionReason::Fence),
+        );
+        log_outcome(&r, events);
+        if r.outcome.stopped_it() || r.outcome.is_down() {
+            stopped.push(r.workload);
+        }
+    }
+    stopped
+}
+
+/// How long the fence gives a workload before forcing it: its stop delay,
+/// as the drain does, and never more than the bound peers wait for.
+fn sd_bound(w: &Workload) -> Duration {
+    Duration::from_secs(keys::stop_bound_s(0, Some(w.stop_delay_s)).unwrap_or(5))
+}
+
+/// Starts again what the fence stopped, each only when its owner key is
+/// still on this node's live lease.
+async fn lift(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, fenced: &mut BTreeSet<String>) {
+    let lease = ctx.state.lease_id();
+    if lease == 0 {
+        return;
+    }
+    if client.is_none() {
+        *client = tokio::time::timeout(Duration::from_secs(5), presence::connect(&ctx.settings))
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
+    let Some(c) = client.as_mut() else { return };
+    let keys = Keys::new(&ctx.settings.prefix);
+    for name in fenced.clone() {
+        let key = keys.owner(&name);
+        let txn = Txn::new().when(vec![Compare::lease(key.as_str(), CompareOp::Equal, lease)]);
+        match tokio::time::timeout(Duration::from_secs(5), c.txn(txn)).await {
+            Ok(Ok(r)) if r.succeeded() => {
+                fenced.remove(&name);
+                ctx.events.info(&format!(
+                    "cluster: fence lifted: {name}'s owner key is still on lease {lease:x}; starting it again"
+                ));
+                if let Some(w) = ctx.workloads.iter().find(|w| w.name == name) {
+                    crate::autostart::start_one(sd, &ctx.root, w, TransitionReason::HaTake, &ctx.events)
+                        .await;
+                }
+            }
+            Ok(Ok(_)) => {
+                fenced.remove(&name);
+                ctx.events.info(&format!(
+                    "cluster: {name} stays stopped: its owner key is no longer on this node's lease {lease:x} \
+                     (its takers decide)"
+                ));
+            }
+            // etcd still out of reach: the next look tries again.
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// (deadline, now, something fenced, armed) → step.
+    #[test]
+    fn the_fence_follows_the_deadline_alone() {
+        let cases = [
+            (None, 10 * S, false, true, Step::Wait),
+            (None, 10 * S, true, true, Step::Wait),
+            (Some(20 * S), 10 * S, false, true, Step::Wait),
+            (Some(20 * S), 20 * S, false, true, Step::Fence),
+            (Some(20 * S), 25 * S, true, false, Step::Wait),
+            (Some(30 * S), 25 * S, true, true, Step::Lift),
+            (Some(30 * S), 31 * S, true, true, Step::Fence),
+        ];
+        for (deadline, now, fenced, armed, want) in cases {
+            assert_eq!(
+                step(deadline, now, fenced, armed),
+                want,
+                "{deadline:?} {now:?} {fenced} {armed}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_deadline_survives_the_daemon_in_the_runtime_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_deadline(dir.path()), None);
+        write_deadline(dir.path(), Duration::from_millis(123_456));
+        assert_eq!(read_deadline(dir.path()), Some(Duration::from_millis(123_456)));
+        std::fs::write(deadline_path(dir.path()), "garbage").unwrap();
+        assert_eq!(read_deadline(dir.path()), None);
+    }
+}

@@ -1,0 +1,294 @@
+//! What a node knows of the cluster's owner keys and presences, kept from
+//! one listing and the watch that follows it, and which workloads it is to
+//! take now (pure: the caller reads etcd and the clock).
+//!
+//! A workload is taken only when its owner key is absent and this node is
+//! its [`taker`](super::placement::taker), and never before the last
+//! owner's stop bound has run out since its key went: the last owner may
+//! still be stopping it (issue 13, points 2 and 3). The deletion is
+//! usually seen on the watch, whose event carries the key's last value
+//! and so the bound; a key that went while this node was not watching
+//! (before it joined, or across a broken watch) is given the bound this
+//! node computes for the workload, counted from when it noticed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::keys::{Owner, Presence};
+use super::placement;
+use crate::config::HaPolicy;
+
+/// One of this node's HA workloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Local {
+    pub name: String,
+    pub policy: HaPolicy,
+    /// This node's stop bound for it (s), written into the key it takes.
+    pub stop_bound_s: u64,
+}
+
+/// An owner key as read: its value and the lease it is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerKey {
+    pub owner: Owner,
+    pub lease: i64,
+}
+
+/// The cluster as this node has seen it; times on CLOCK_BOOTTIME.
+#[derive(Debug, Default, Clone)]
+pub struct View {
+    pub presences: BTreeMap<String, Presence>,
+    pub owners: BTreeMap<String, OwnerKey>,
+    /// Workloads whose owner key went, and when a take may begin.
+    pub not_before: BTreeMap<String, Duration>,
+}
+
+impl View {
+    /// A key put under `owners/`. A value that cannot be read still
+    /// holds the workload (the key exists; create-if-absent fails on it).
+    pub fn owner_put(&mut self, workload: &str, value: &[u8], lease: i64) {
+        let owner = serde_json::from_slice(value).unwrap_or(Owner {
+            node: String::new(),
+            stop_bound_s: 0,
+            since: String::new(),
+        });
+        self.owners
+            .insert(workload.to_string(), OwnerKey { owner, lease });
+        self.not_before.remove(workload);
+    }
+
+    /// A key deleted under `owners/` at `now`, with its last value when
+    /// etcd gave it (else the bound this node knows, `fallback_s`).
+    pub fn owner_deleted(&mut self, workload: &str, last: Option<&[u8]>, fallback_s: u64, now: Duration) {
+        let known = self.owners.remove(workload).map(|k| k.owner.stop_bound_s);
+        let from_event = last
+            .and_then(|v| serde_json::from_slice::<Owner>(v).ok())
+            .map(|o| o.stop_bound_s);
+        let bound = from_event.or(known).unwrap_or(fallback_s);
+        self.not_before
+            .insert(workload.to_string(), now + Duration::from_secs(bound));
+    }
+
+    /// A presence put under `nodes/`; one that cannot be read counts as
+    /// absent (it qualifies for nothing).
+    pub fn presence_put(&mut self, node: &str, value: &[u8]) {
+        match serde_json::from_slice(value) {
+            Ok(p) => {
+                self.presences.insert(node.to_string(), p);
+            }
+            Err(_) => {
+                self.presences.remove(node);
+            }
+        }
+    }
+
+    pub fn presence_deleted(&mut self, node: &str) {
+        self.presences.remove(node);
+    }
+
+    /// A fresh listing replaces what the watch built (after a broken
+    /// watch, or at the start). An owner key this view held that the
+    /// listing lacks went unseen: its bound counts from `now`. A workload
+    /// of this node's that nobody owns and that this view never saw go
+    /// (`first`: the first listing) gets this node's bound from `now`
+    /// too: nobody can tell when its last owner let go.
+    pub fn relisted(
+        &mut self,
+        presences: BTreeMap<String, Presence>,
+        owners: BTreeMap<String, OwnerKey>,
+        locals: &[Local],
+        first: bool,
+        now: Duration,
+    ) {
+        let gone: Vec<(String, u64)> = self
+            .owners
+            .iter()
+            .filter(|(w, _)| !owners.contains_key(*w))
+            .map(|(w, k)| (w.clone(), k.owner.stop_bound_s))
+            .collect();
+        for (w, bound) in gone {
+            self.not_before.insert(w, now + Duration::from_secs(bound));
+        }
+        if first {
+            for l in locals {
+                if !owners.contains_key(&l.name) {
+                    self.not_before
+                        .entry(l.name.clone())
+                        .or_insert(now + Duration::from_secs(l.stop_bound_s));
+                }
+            }
+        }
+        for w in owners.keys() {
+            self.not_before.remove(w);
+        }
+        self.presences = presences;
+        self.owners = owners;
+    }
+
+    /// When an unowned workload may be taken: not before its last owner's
+    /// bound ran out.
+    fn ready(&self, workload: &str, now: Duration) -> bool {
+        self.not_before.get(workload).is_none_or(|t| now >= *t)
+    }
+}
+
+/// The workloads `me` is to take now: its own HA workloads that nobody
+/// owns, whose wait is over, and of which it is the first qualifying
+/// candidate.
+pub fn to_take<'a>(me: &str, locals: &'a [Local], view: &View, now: Duration) -> Vec<&'a Local> {
+    locals
+        .iter()
+        .filter(|l| !view.owners.contains_key(&l.name))
+        .filter(|l| view.ready(&l.name, now))
+        .filter(|l| placement::taker(&l.policy, &l.name, &view.presences) == Some(me))
+        .collect()
+}
+
+/// The next time a pending wait ends, for the caller's timer.
+pub fn next_wake(locals: &[Local], view: &View, now: Duration) -> Option<Duration> {
+    locals
+        .iter()
+        .filter(|l| !view.owners.contains_key(&l.name))
+        .filter_map(|l| view.not_before.get(&l.name))
+        .filter(|t| **t > now)
+        .min()
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::keys::NodeState;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn local(name: &str, nodes: &[&str], bound: u64) -> Local {
+        Local {
+            name: name.into(),
+            policy: HaPolicy {
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            },
+            stop_bound_s: bound,
+        }
+    }
+
+    fn presence(state: NodeState, locals: &[Local]) -> Vec<u8> {
+        serde_json::to_vec(&Presence {
+            state,
+            boot_id: "b".into(),
+            since: "T".into(),
+            ha: locals
+                .iter()
+                .map(|l| (l.name.clone(), l.policy.nodes_hash()))
+                .collect(),
+            version: String::new(),
+            frozen: false,
+        })
+        .unwrap()
+    }
+
+    fn owner(node: &str, bound: u64) -> Vec<u8> {
+        serde_json::to_vec(&Owner {
+            node: node.into(),
+            stop_bound_s: bound,
+            since: "T".into(),
+        })
+        .unwrap()
+    }
+
+    fn names(v: Vec<&Local>) -> Vec<&str> {
+        v.iter().map(|l| l.name.as_str()).collect()
+    }
+
+    /// Each step changes the view, then says what n2 takes at that time.
+    #[test]
+    fn a_deleted_key_is_taken_by_the_first_candidate_after_the_last_owners_bound() {
+        let locals = vec![local("db", &["n1", "n2"], 30), local("web", &["n2", "n1"], 30)];
+        let mut v = View::default();
+        let up = presence(NodeState::Up, &locals);
+        // The first listing: n1 owns db; web has no owner, and n2 never
+        // saw it go: its own bound, from now.
+        let mut presences = BTreeMap::new();
+        for n in ["n1", "n2"] {
+            presences.insert(n.to_string(), serde_json::from_slice(&up).unwrap());
+        }
+        let owners = BTreeMap::from([(
+            "db".to_string(),
+            OwnerKey {
+                owner: serde_json::from_slice(&owner("n1", 65)).unwrap(),
+                lease: 7,
+            },
+        )]);
+        v.relisted(presences, owners, &locals, true, 100 * S);
+        assert_eq!(names(to_take("n2", &locals, &v, 100 * S)), Vec::<&str>::new());
+        assert_eq!(next_wake(&locals, &v, 100 * S), Some(130 * S));
+        assert_eq!(
+            names(to_take("n2", &locals, &v, 130 * S)),
+            ["web"],
+            "n2 is web's first candidate"
+        );
+        assert_eq!(
+            names(to_take("n1", &locals, &v, 130 * S)),
+            Vec::<&str>::new(),
+            "n1 is not"
+        );
+        v.owner_put("web", &owner("n2", 30), 8);
+        assert_eq!(names(to_take("n2", &locals, &v, 131 * S)), Vec::<&str>::new());
+
+        // n1's key on db goes (its lease expired): 65 s from the event.
+        v.owner_deleted("db", Some(&owner("n1", 65)), 30, 200 * S);
+        assert_eq!(
+            names(to_take("n1", &locals, &v, 264 * S)),
+            Vec::<&str>::new(),
+            "within the bound"
+        );
+        // ... n1 is still up in presence (the deletion alone decides), but
+        // n1 is db's first candidate: n2 waits for n1 to qualify no more.
+        assert_eq!(names(to_take("n1", &locals, &v, 265 * S)), ["db"]);
+        v.presence_put("n1", &presence(NodeState::Drained, &locals));
+        assert_eq!(names(to_take("n2", &locals, &v, 265 * S)), ["db"]);
+
+        // A drain releases with bound zero: taken at once.
+        v.owner_put("db", &owner("n2", 30), 9);
+        v.owner_deleted("db", Some(&owner("n2", 0)), 30, 300 * S);
+        v.presence_deleted("n1");
+        assert_eq!(names(to_take("n2", &locals, &v, 300 * S)), ["db"]);
+    }
+
+    #[test]
+    fn a_key_that_went_unseen_waits_from_the_relisting() {
+        let locals = vec![local("db", &["n2"], 30)];
+        let mut v = View::default();
+        v.presence_put("n2", &presence(NodeState::Up, &locals));
+        v.owner_put("db", &owner("n1", 65), 7);
+        let presences = v.presences.clone();
+        v.relisted(presences, BTreeMap::new(), &locals, false, 50 * S);
+        assert!(to_take("n2", &locals, &v, 114 * S).is_empty());
+        assert_eq!(names(to_take("n2", &locals, &v, 115 * S)), ["db"]);
+        // A deletion event without the last value falls back to what the
+        // view held, then to this node's bound.
+        v.owner_put("db", &owner("n1", 40), 7);
+        v.owner_deleted("db", None, 30, Duration::ZERO);
+        assert_eq!(v.not_before["db"], 40 * S);
+        v.owner_deleted("db", None, 30, Duration::ZERO);
+        assert_eq!(v.not_before["db"], 30 * S);
+    }
+
+    #[test]
+    fn unreadable_values_hold_and_qualify_for_nothing() {
+        let locals = vec![local("db", &["n2"], 0)];
+        let mut v = View::default();
+        v.presence_put("n2", b"{not json");
+        assert!(
+            to_take("n2", &locals, &v, S).is_empty(),
+            "an unreadable presence is absent"
+        );
+        v.presence_put("n2", &presence(NodeState::Up, &locals));
+        assert_eq!(names(to_take("n2", &locals, &v, S)), ["db"]);
+        v.owner_put("db", b"garbage", 3);
+        assert!(
+            to_take("n2", &locals, &v, S).is_empty(),
+            "an unreadable owner key still holds it"
+        );
+    }
+}

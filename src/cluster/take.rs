@@ -1,0 +1,249 @@
+//! The agent's ownership loop: it lists the presences and owner keys,
+//! watches them from that revision (with each deleted key's last value),
+//! and takes the HA workloads [`ownership::to_take`] gives this node: a
+//! create-if-absent transaction puts the owner key on the node's lease,
+//! and only a transaction that succeeded starts the unit (whose own
+//! `berth owner-check` confirms it once more).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+
+use super::keys::{Keys, Owner};
+use super::ownership::{self, Local, View};
+use super::presence::{LeaseState, boottime};
+use crate::config::{ClusterSettings, Workload};
+use crate::events::Events;
+use crate::paths::Root;
+use crate::state::records::TransitionReason;
+use crate::systemd::{Ops, Systemd};
+use crate::time::rfc3339;
+
+/// How long one etcd call may take here.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the loop works with.
+pub struct Context {
+    pub settings: ClusterSettings,
+    pub node: String,
+    pub root: Root,
+    /// This node's HA workloads, as configured.
+    pub workloads: Vec<Workload>,
+    /// The fence deadline: nothing is taken unless it is ahead.
+    pub state: Arc<LeaseState>,
+    pub events: Events,
+}
+
+/// The stop bound of each HA workload, from its live unit: a workload
+/// whose unit systemd cannot describe, or whose stop is unbounded, is not
+/// taken (its bound could not be written).
+async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
+    let mut out = Vec::new();
+    for w in &ctx.workloads {
+        let Some(policy) = w.ha.clone() else { continue };
+        let bound = match sd.topology(&w.unit_name()).await {
+            Ok(t) => {
+                let timeout = (t.timeout_stop_us != u64::MAX).then(|| t.timeout_stop_us.div_ceil(1_000_000));
+                super::keys::stop_bound_s(t.exec_stop.len(), timeout)
+            }
+            Err(e) => {
+                ctx.events.warn(&format!(
+                    "cluster: not taking {}: systemd cannot describe {}: {e}",
+                    w.name,
+                    w.unit_name()
+                ));
+                continue;
+            }
+        };
+        match bound {
+            Some(stop_bound_s) => out.push(Local {
+                name: w.name.clone(),
+                policy,
+                stop_bound_s,
+            }),
+            None => ctx.events.warn(&format!(
+                "cluster: not taking {}: {} has no bounded stop (TimeoutStopSec=infinity)",
+                w.name,
+                w.unit_name()
+            )),
+        }
+    }
+    out
+}
+
+/// Runs until the process ends. `lease` is the live lease the keys go on.
+pub async fn run(mut client: Client, ctx: Context, lease: i64) {
+    let sd = loop {
+        match Systemd::connect(ctx.root.manager()).await {
+            Ok(sd) => break Arc::new(sd),
+            Err(e) => {
+                ctx.events.warn(&format!(
+                    "cluster: cannot reach systemd to take workloads ({e}); trying again"
+                ));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
+    let locals = locals(&sd, &ctx).await;
+    let keys = Keys::new(&ctx.settings.prefix);
+    let mut view = View::default();
+    let mut first = true;
+    loop {
+        let listed = tokio::time::timeout(
+            CALL_TIMEOUT,
+            client.get(
+                ctx.settings.prefix.as_str(),
+                Some(GetOptions::new().with_prefix()),
+            ),
+        )
+        .await;
+        let Ok(Ok(listing)) = listed else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        let revision = listing.header().map_or(0, |h| h.revision());
+        let mut presences = BTreeMap::new();
+        let mut owners = BTreeMap::new();
+        for kv in listing.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            if let Some(n) = keys.name_in(&keys.nodes(), key) {
+                if let Ok(p) = serde_json::from_slice(kv.value()) {
+                    presences.insert(n.to_string(), p);
+                }
+            } else if let Some(w) = keys.name_in(&keys.owners(), key) {
+                let mut one = View::default();
+                one.owner_put(w, kv.value(), kv.lease());
+                owners.extend(one.owners);
+            }
+        }
+        view.relisted(presences, owners, &locals, first, boottime());
+        first = false;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_start_revision(revision + 1);
+        let watched = tokio::time::timeout(
+            CALL_TIMEOUT,
+            client.watch(ctx.settings.prefix.as_str(), Some(options)),
+        )
+        .await;
+        let Ok(Ok(mut stream)) = watched else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        loop {
+            take_due(&mut client, &ctx, &keys, &sd, &locals, &mut view, lease).await;
+            let now = boottime();
+            let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
+            tokio::select! {
+                message = stream.message() => match message {
+                    Ok(Some(r)) if !r.canceled() => {
+                        for ev in r.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let Ok(key) = kv.key_str() else { continue };
+                            let deleted = ev.event_type() == EventType::Delete;
+                            if let Some(n) = keys.name_in(&keys.nodes(), key) {
+                                if deleted {
+                                    view.presence_deleted(n);
+                                } else {
+                                    view.presence_put(n, kv.value());
+                                }
+                            } else if let Some(w) = keys.name_in(&keys.owners(), key) {
+                                if deleted {
+                                    let fallback = locals.iter().find(|l| l.name == w).map_or(0, |l| l.stop_bound_s);
+                                    let last = ev.prev_kv().map(|p| p.value());
+                                    view.owner_deleted(w, last, fallback, boottime());
+                                    released(&ctx, w, last, &view);
+                                } else {
+                                    view.owner_put(w, kv.value(), kv.lease());
+                                }
+                            }
+                        }
+                    }
+                    // Broken or cancelled (a compacted revision): list again.
+                    _ => break,
+                },
+                _ = tokio::time::sleep(wake.min(Duration::from_secs(1))) => {}
+            }
+        }
+    }
+}
+
+/// Says that an owner key went, and how long its takers wait.
+fn released(ctx: &Context, workload: &str, last: Option<&[u8]>, view: &View) {
+    let last_owner = last
+        .and_then(|v| serde_json::from_slice::<Owner>(v).ok())
+        .map_or_else(|| "unknown".to_string(), |o| o.node);
+    let wait = view
+        .not_before
+        .get(workload)
+        .map_or(0, |t| t.saturating_sub(boottime()).as_secs());
+    ctx.events.info(&format!(
+        "cluster: the owner key of {workload} went (last owner {}); its first qualifying candidate takes it in {wait} s",
+        last_owner.escape_debug()
+    ));
+}
+
+/// Takes what is due now: a create-if-absent transaction per workload,
+/// then its start.
+async fn take_due(
+    client: &mut Client,
+    ctx: &Context,
+    keys: &Keys,
+    sd: &Arc<Systemd>,
+    locals: &[Local],
+    view: &mut View,
+    lease: i64,
+) {
+    // A node past its deadline is fencing: it takes nothing.
+    if !ctx.state.ahead() {
+        return;
+    }
+    let due: Vec<Local> = ownership::to_take(&ctx.node, locals, view, boottime())
+        .into_iter()
+        .cloned()
+        .collect();
+    for local in due {
+        let owner = Owner {
+            node: ctx.node.clone(),
+            stop_bound_s: local.stop_bound_s,
+            since: rfc3339(std::time::SystemTime::now()),
+        };
+        let value = serde_json::to_string(&owner).unwrap_or_default();
+        let key = keys.owner(&local.name);
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(
+                key.as_str(),
+                value.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        match tokio::time::timeout(CALL_TIMEOUT, client.txn(txn)).await {
+            Ok(Ok(r)) if r.succeeded() => {
+                view.owner_put(&local.name, value.as_bytes(), lease);
+                ctx.events.info(&format!(
+                    "cluster: took {} (owner key on lease {lease:x}, stop bound {} s); starting it",
+                    local.name, local.stop_bound_s
+                ));
+                if let Some(w) = ctx.workloads.iter().find(|w| w.name == local.name).cloned() {
+                    let (sd, root, events) = (sd.clone(), ctx.root.clone(), Events::new("berth-daemon"));
+                    tokio::spawn(async move {
+                        crate::autostart::start_one(&*sd, &root, &w, TransitionReason::HaTake, &events).await;
+                    });
+                }
+            }
+            // Someone else's key came first: the watch brings it.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => ctx
+                .events
+                .warn(&format!("cluster: cannot take {}: {e}", local.name)),
+            Err(_) => ctx.events.warn(&format!(
+                "cluster: cannot take {}: etcd did not answer within {} s",
+                local.name,
+                CALL_TIMEOUT.as_secs()
+            )),
+        }
+    }
+}
