@@ -163,6 +163,7 @@ bench: all
 	bench/adoption-scale.sh
 	bench/add-burst.sh
 	bench/libvirt-drain.sh
+	bench/cluster-takeover.sh
 
 clean:
 	$(CARGO) clean

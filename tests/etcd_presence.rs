@@ -2,7 +2,8 @@
 //! bookworm): a node's lease and the keys bound to it, the lease resumed
 //! by a restart within one boot and revoked after a new boot, the fence
 //! deadline moved by acknowledged keep-alives, and the presence key gone
-//! at the TTL once keep-alives stop while the persistent keys stay.
+//! at the TTL once keep-alives stop while the persistent keys stay; the
+//! owner check; and (point 5) the maintenance hand-over and take-back.
 //!
 //! Needs the `etcd` binary (`make deps` installs it). Without it the test
 //! says so and passes, except under CI=true, where it fails.
@@ -343,5 +344,139 @@ fn the_owner_check_fails_closed() {
         let got = confirm(&s, "n1", "db", dir.path(), "boot-a").await;
         assert!(matches!(got, Err(NotOwner::Unconfirmed(_))), "{got:?}");
         assert!(began.elapsed() <= berth::cluster::owner::CHECK_LIMIT + Duration::from_secs(1));
+    });
+}
+
+/// Issue 13, point 5, against a real etcd: a leaving daemon's owner keys
+/// (70 of them: two transactions of at most 64 keys) go to a maintenance
+/// lease, each only while it is on the live lease with this node's value;
+/// the live lease is revoked once all moved; the next join of the same
+/// boot takes them back onto its new live lease and revokes the
+/// maintenance lease. Keys of other nodes or leases are left alone.
+#[test]
+fn maintenance_hands_keys_over_and_takes_them_back() {
+    use berth::cluster::keys::Owner;
+    use berth::cluster::maintenance::{self, Leaving};
+    let Some(etcd) = etcd() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = settings(&etcd.url, 10);
+        let mut client = connected(&s).await;
+        let keys = Keys::new("/berth/");
+        let state_dir = tempfile::tempdir().unwrap();
+        let joined = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            BTreeMap::new(),
+            false,
+        )
+        .await
+        .unwrap();
+        let live = joined.lease_id;
+        let owner = |node: &str| {
+            serde_json::to_string(&Owner {
+                node: node.into(),
+                stop_bound_s: 65,
+                since: "T".into(),
+            })
+            .unwrap()
+        };
+        let on = |lease| Some(etcd_client::PutOptions::new().with_lease(lease));
+        for i in 0..70 {
+            client
+                .put(keys.owner(&format!("w{i:02}")), owner("n1"), on(live))
+                .await
+                .unwrap();
+        }
+        // Another node's key, and one of n1's value on another lease.
+        let other = client.lease_grant(30, None).await.unwrap().id();
+        client
+            .put(keys.owner("theirs"), owner("n2"), on(other))
+            .await
+            .unwrap();
+        client
+            .put(keys.owner("elsewhere"), owner("n1"), on(other))
+            .await
+            .unwrap();
+
+        let handed = maintenance::hand_over(
+            &mut client,
+            Leaving {
+                settings: &s,
+                node: "n1",
+                boot_id: "boot-a",
+                state_dir: state_dir.path(),
+                live_lease: live,
+                live_deadline: Some(boottime() + Duration::from_secs(6)),
+                presence: presence::presence(NodeState::Up, "boot-a", BTreeMap::new(), false),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!((handed.moved, handed.left), (70, 0));
+        assert!(handed.live_revoked);
+        let m = handed.maintenance_lease;
+        assert_ne!(m, live);
+        for i in [0, 63, 64, 69] {
+            let (_, lease) = value(&mut client, &keys.owner(&format!("w{i:02}")))
+                .await
+                .unwrap();
+            assert_eq!(lease, m, "w{i:02} is on the maintenance lease");
+        }
+        assert_eq!(value(&mut client, &keys.owner("theirs")).await.unwrap().1, other);
+        assert_eq!(
+            value(&mut client, &keys.owner("elsewhere")).await.unwrap().1,
+            other
+        );
+        let (text, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
+        assert_eq!(lease, m, "the presence waits on the maintenance lease");
+        assert_eq!(
+            serde_json::from_str::<Presence>(&text).unwrap().state,
+            NodeState::Maintenance
+        );
+        let ttl = client.lease_time_to_live(live, None).await.unwrap().ttl();
+        assert!(ttl <= 0, "the live lease is revoked once every key moved ({ttl})");
+        let kept = handed.deadline.expect("a deadline for the fence timer");
+        assert!(
+            kept > boottime() + Duration::from_secs(50),
+            "the fence counts from the maintenance lease (60 s - margin 4 s), not the live one"
+        );
+
+        // Back within the grace, same boot: a new live lease, the keys on it.
+        let back = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            BTreeMap::new(),
+            false,
+        )
+        .await
+        .unwrap();
+        assert!(!back.resumed, "the live lease was revoked");
+        assert_eq!(back.taken_back, 70);
+        for i in [0, 64, 69] {
+            let (_, lease) = value(&mut client, &keys.owner(&format!("w{i:02}")))
+                .await
+                .unwrap();
+            assert_eq!(lease, back.lease_id, "w{i:02} is on the new live lease");
+        }
+        assert_eq!(
+            value(&mut client, &keys.node("n1")).await.unwrap().1,
+            back.lease_id
+        );
+        let ttl = client.lease_time_to_live(m, None).await.unwrap().ttl();
+        assert!(
+            ttl <= 0,
+            "the maintenance lease is revoked: the grace ended ({ttl})"
+        );
+        assert!(!maintenance::record_path(state_dir.path()).exists());
     });
 }

@@ -34,6 +34,13 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         Ok(n) => n,
         Err(e) => return refuse(&e),
     };
+    // Past the fence deadline this node's daemon last saw, nothing starts:
+    // the fence is (or is about to be) stopping the HA workloads.
+    if let Some(d) = fence::read_deadline(&root.runtime_dir())
+        && boottime() >= d
+    {
+        return refuse("this node is past its fence deadline (its lease is not known to be alive)");
+    }
     let boot_id = match crate::state::runs::boot_id() {
         Ok(b) => b,
         Err(e) => return refuse(&format!("cannot read this boot's id: {e}")),
@@ -111,7 +118,7 @@ pub(super) fn fence(root: &Root) -> i32 {
         .cloned()
         .collect();
     let ran = with_systemd(root, |sd| async move {
-        fence::fence_now(&sd, root, &ha, &events).await;
+        fence::fence_now(&sd, root, &ha, &events, false).await;
         Ok(())
     });
     match ran {

@@ -40,16 +40,25 @@ pub enum Step {
     /// Nothing: the deadline is ahead and nothing is fenced, or no
     /// deadline is known (never joined: nothing was taken either).
     Wait,
-    /// The deadline passed: stop the HA workloads.
+    /// The deadline passed: stop the HA workloads. Again every second
+    /// while it stays passed: a start that lands after the first look (a
+    /// take or a lift in flight, a start by hand) is stopped too.
     Fence,
     /// The deadline is ahead again: try to start what the fence stopped.
     Lift,
 }
 
-pub fn step(deadline: Option<Duration>, now: Duration, fenced: bool, armed: bool) -> Step {
+/// `last_fence`: when the fence last looked since the deadline passed.
+pub fn step(deadline: Option<Duration>, now: Duration, fenced: bool, last_fence: Option<Duration>) -> Step {
     match deadline {
-        Some(d) if now >= d && armed => Step::Fence,
-        Some(d) if now < d && fenced => Step::Lift,
+        Some(d) if now >= d => {
+            if last_fence.is_none_or(|t| now.saturating_sub(t) >= Duration::from_secs(1)) {
+                Step::Fence
+            } else {
+                Step::Wait
+            }
+        }
+        Some(_) if fenced => Step::Lift,
         _ => Step::Wait,
     }
 }
@@ -65,7 +74,7 @@ pub fn read_deadline(runtime_dir: &Path) -> Option<Duration> {
     text.trim().parse::<u64>().ok().map(Duration::from_millis)
 }
 
-fn write_deadline(runtime_dir: &Path, d: Duration) {
+pub(crate) fn write_deadline(runtime_dir: &Path, d: Duration) {
     let path = deadline_path(runtime_dir);
     let tmp = path.with_extension("tmp");
     if std::fs::write(&tmp, format!("{}\n", d.as_millis())).is_ok() {
@@ -104,10 +113,11 @@ pub async fn run(ctx: Context) {
     let mut last_scan = Duration::ZERO;
     let mut client: Option<Client> = None;
     let mut written = None;
-    // Armed while the deadline is ahead: one fence per passing.
-    let mut armed = true;
+    let mut last_fence: Option<Duration> = None;
     let mut last_lift = Duration::ZERO;
-    let mut disarmed = 0;
+    // The live lease whose arrival was dealt with: the timer disarmed,
+    // and what runs here checked against the owner keys.
+    let mut settled = 0;
     loop {
         let now = boottime();
         let deadline = ctx.state.deadline();
@@ -132,10 +142,11 @@ pub async fn run(ctx: Context) {
                 }
             }
         }
-        match step(deadline, now, !fenced.is_empty(), armed) {
+        match step(deadline, now, !fenced.is_empty(), last_fence) {
             Step::Fence => {
-                armed = false;
-                fenced.extend(fence_now(&sd, &ctx.root, &ctx.workloads, &ctx.events).await);
+                let quiet = last_fence.is_some();
+                last_fence = Some(now);
+                fenced.extend(fence_now(&sd, &ctx.root, &ctx.workloads, &ctx.events, quiet).await);
             }
             Step::Lift if now.saturating_sub(last_lift) >= Duration::from_secs(1) => {
                 last_lift = now;
@@ -144,21 +155,75 @@ pub async fn run(ctx: Context) {
             _ => {}
         }
         if deadline.is_some_and(|d| boottime() < d) {
-            armed = true;
-            // Joined, the deadline ahead: the timer a previous daemon armed
-            // on its way out (ExecStopPost=) has nothing left to do.
+            last_fence = None;
             let lease = ctx.state.lease_id();
-            if lease != 0 && disarmed != lease {
-                disarmed = lease;
-                if sd.stop(&format!("{TIMER}.timer")).await.is_ok() {
-                    ctx.events.info(&format!(
-                        "cluster: disarmed {TIMER}.timer: lease {lease:x} is alive"
-                    ));
-                }
+            if lease != 0 && settled != lease && settle(&sd, &ctx, &mut client, lease).await {
+                settled = lease;
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A new live lease: the timer a previous daemon armed on its way out
+/// (ExecStopPost=) has nothing left to do, and an HA workload that runs
+/// here without its key on this lease (the old lease expired or was
+/// revoked while it ran) is stopped, as the fence would have. False when
+/// etcd could not be asked: the next look tries again.
+async fn settle(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, lease: i64) -> bool {
+    if sd.stop(&format!("{TIMER}.timer")).await.is_ok() {
+        ctx.events.info(&format!(
+            "cluster: disarmed {TIMER}.timer: lease {lease:x} is alive"
+        ));
+    }
+    let mut running = Vec::new();
+    for w in &ctx.workloads {
+        if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
+            running.push(w.clone());
+        }
+    }
+    if running.is_empty() {
+        return true;
+    }
+    let Some(c) = connected(ctx, client).await else {
+        return false;
+    };
+    let keys = Keys::new(&ctx.settings.prefix);
+    let mut strays = Vec::new();
+    for w in running {
+        let txn = Txn::new().when(vec![Compare::lease(keys.owner(&w.name), CompareOp::Equal, lease)]);
+        match tokio::time::timeout(Duration::from_secs(5), c.txn(txn)).await {
+            Ok(Ok(r)) if r.succeeded() => {}
+            Ok(Ok(_)) => strays.push(w),
+            _ => {
+                *client = None;
+                return false;
+            }
+        }
+    }
+    if !strays.is_empty() {
+        ctx.events.warn(&format!(
+            "cluster: {} run here without their owner key on lease {lease:x}: stopping them",
+            strays
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        fence_now(sd, &ctx.root, &strays, &ctx.events, true).await;
+    }
+    true
+}
+
+/// The cached etcd client, connected when there is none.
+async fn connected<'c>(ctx: &Context, client: &'c mut Option<Client>) -> Option<&'c mut Client> {
+    if client.is_none() {
+        *client = tokio::time::timeout(Duration::from_secs(5), presence::connect(&ctx.settings))
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
+    client.as_mut()
 }
 
 /// The transient timer (and service) `berth fence-arm` arms.
@@ -168,7 +233,13 @@ pub const TIMER: &str = "berth-fence";
 /// each within its stop bound, recorded as the fence's; the names of
 /// those it stopped. The daemon's fence and `berth fence` (the timer's)
 /// both come here.
-pub async fn fence_now<O: Ops>(sd: &O, root: &Root, workloads: &[Workload], events: &Events) -> Vec<String> {
+pub async fn fence_now<O: Ops>(
+    sd: &O,
+    root: &Root,
+    workloads: &[Workload],
+    events: &Events,
+    quiet: bool,
+) -> Vec<String> {
     let mut running = Vec::new();
     for w in workloads {
         if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
@@ -176,6 +247,9 @@ pub async fn fence_now<O: Ops>(sd: &O, root: &Root, workloads: &[Workload], even
         }
     }
     if running.is_empty() {
+        if quiet {
+            return Vec::new();
+        }
         events
             .warn("cluster: fence: the lease deadline passed with no keep-alive acknowledged; no HA workload runs here");
         return Vec::new();
@@ -227,13 +301,9 @@ async fn lift(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, fenced: 
     if lease == 0 {
         return;
     }
-    if client.is_none() {
-        *client = tokio::time::timeout(Duration::from_secs(5), presence::connect(&ctx.settings))
-            .await
-            .ok()
-            .and_then(Result::ok);
-    }
-    let Some(c) = client.as_mut() else { return };
+    let Some(c) = connected(ctx, client).await else {
+        return;
+    };
     let keys = Keys::new(&ctx.settings.prefix);
     for name in fenced.clone() {
         let key = keys.owner(&name);
@@ -244,9 +314,14 @@ async fn lift(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, fenced: 
                 ctx.events.info(&format!(
                     "cluster: fence lifted: {name}'s owner key is still on lease {lease:x}; starting it again"
                 ));
-                if let Some(w) = ctx.workloads.iter().find(|w| w.name == name) {
-                    crate::autostart::start_one(sd, &ctx.root, w, TransitionReason::HaTake, &ctx.events)
-                        .await;
+                // On a task of its own: a start may take long, and the
+                // fence must keep looking meanwhile.
+                if let Some(w) = ctx.workloads.iter().find(|w| w.name == name).cloned() {
+                    let (sd, root) = (sd.clone(), ctx.root.clone());
+                    tokio::spawn(async move {
+                        let events = Events::new("berth-daemon");
+                        crate::autostart::start_one(&sd, &root, &w, TransitionReason::HaTake, &events).await;
+                    });
                 }
             }
             Ok(Ok(_)) => {
@@ -256,8 +331,12 @@ async fn lift(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, fenced: 
                      (its takers decide)"
                 ));
             }
-            // etcd still out of reach: the next look tries again.
-            _ => return,
+            // etcd out of reach, or a connection that stopped answering:
+            // a fresh one at the next look.
+            _ => {
+                *client = None;
+                return;
+            }
         }
     }
 }
@@ -268,23 +347,27 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
-    /// (deadline, now, something fenced, armed) → step.
+    /// (deadline, now, something fenced, last fence look) → step.
     #[test]
     fn the_fence_follows_the_deadline_alone() {
         let cases = [
-            (None, 10 * S, false, true, Step::Wait),
-            (None, 10 * S, true, true, Step::Wait),
-            (Some(20 * S), 10 * S, false, true, Step::Wait),
-            (Some(20 * S), 20 * S, false, true, Step::Fence),
-            (Some(20 * S), 25 * S, true, false, Step::Wait),
-            (Some(30 * S), 25 * S, true, true, Step::Lift),
-            (Some(30 * S), 31 * S, true, true, Step::Fence),
+            (None, 10 * S, false, None, Step::Wait),
+            (None, 10 * S, true, None, Step::Wait),
+            (Some(20 * S), 10 * S, false, None, Step::Wait),
+            (Some(20 * S), 20 * S, false, None, Step::Fence),
+            // Passed and looked at half a second ago: not yet again.
+            (Some(20 * S), 25 * S, true, Some(24 * S + S / 2), Step::Wait),
+            // Still passed a second later: looked at again (a start that
+            // landed since is stopped too).
+            (Some(20 * S), 25 * S, true, Some(24 * S), Step::Fence),
+            (Some(30 * S), 25 * S, true, None, Step::Lift),
+            (Some(30 * S), 31 * S, true, None, Step::Fence),
         ];
-        for (deadline, now, fenced, armed, want) in cases {
+        for (deadline, now, fenced, last, want) in cases {
             assert_eq!(
-                step(deadline, now, fenced, armed),
+                step(deadline, now, fenced, last),
                 want,
-                "{deadline:?} {now:?} {fenced} {armed}"
+                "{deadline:?} {now:?} {fenced} {last:?}"
             );
         }
     }

@@ -13,10 +13,13 @@
 //!   is to take now (pure); [`take`]: the loop that watches and takes.
 //! - [`fence`]: stops the HA workloads when the lease deadline passes,
 //!   starts them again once the owner key is confirmed.
+//! - [`maintenance`]: a daemon stopped or restarted on purpose hands its
+//!   keys to a lease of the grace period, and takes them back at its join.
 //! - [`release`]: the drain's part: announce, release, keep the lease.
 
 pub mod fence;
 pub mod keys;
+pub mod maintenance;
 pub mod owner;
 pub mod ownership;
 pub mod placement;
@@ -57,7 +60,33 @@ pub fn node_name(settings: &ClusterSettings) -> Result<String, String> {
 /// disk writes. It joins (retrying while etcd cannot be reached), then
 /// keeps the lease alive. What it shares tells the fence deadline and
 /// whether the thread still runs (the daemon's watchdog depends on it).
-pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) -> Option<Arc<LeaseState>> {
+/// The daemon's handle on its agent.
+pub struct Agent {
+    /// The lease deadline and the thread's pulse (the watchdog's gate).
+    pub state: Arc<LeaseState>,
+    leave: tokio::sync::mpsc::UnboundedSender<std::sync::mpsc::Sender<String>>,
+}
+
+impl Agent {
+    /// The daemon is leaving (a stop, a restart, a relaunch): the agent
+    /// stops keeping the live lease and hands the node's keys to a
+    /// maintenance lease, unless the host is shutting down. Waits at most
+    /// `limit`; what happened, for the journal.
+    pub fn hand_over(&self, limit: Duration) -> String {
+        let (tell, told) = std::sync::mpsc::channel();
+        if self.leave.send(tell).is_err() {
+            return "the agent's thread is gone; nothing handed over".into();
+        }
+        told.recv_timeout(limit).unwrap_or_else(|_| {
+            format!(
+                "no maintenance hand-over within {} s: the fence keeps the live lease's deadline",
+                limit.as_secs()
+            )
+        })
+    }
+}
+
+pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) -> Option<Agent> {
     let settings = loaded.host.cluster.clone()?;
     let ha = ha_hashes(loaded);
     let workloads: Vec<Workload> = loaded
@@ -77,6 +106,7 @@ pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) 
         .progress_ms
         .store(boottime().as_millis() as u64, Ordering::Relaxed);
     let shared = state.clone();
+    let (leave, leaving) = tokio::sync::mpsc::unbounded_channel();
     let spawned = std::thread::Builder::new()
         .name("berth-cluster".into())
         .spawn(move || {
@@ -91,10 +121,10 @@ pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) 
                 frozen,
                 boot_id,
             };
-            runtime.block_on(agent(joining, root, workloads, shared, events));
+            runtime.block_on(agent(joining, root, workloads, shared, leaving, events));
         });
     match spawned {
-        Ok(_) => Some(state),
+        Ok(_) => Some(Agent { state, leave }),
         Err(e) => {
             Events::new("berth-daemon").warn(&format!("cluster: cannot start the agent's thread: {e}"));
             None
@@ -125,6 +155,7 @@ async fn agent(
     root: Root,
     workloads: Vec<Workload>,
     state: Arc<LeaseState>,
+    mut leaving: tokio::sync::mpsc::UnboundedReceiver<std::sync::mpsc::Sender<String>>,
     events: Events,
 ) {
     // The thread's pulse: it stops only when the thread does.
@@ -148,14 +179,48 @@ async fn agent(
     }));
     let node = match node_name(settings) {
         Ok(n) => n,
-        Err(e) => return events.warn(&format!("cluster: {e}; this node stays out of the cluster")),
+        Err(e) => {
+            events.warn(&format!("cluster: {e}; this node stays out of the cluster"));
+            while let Some(tell) = leaving.recv().await {
+                let _ = tell.send("this node is not in the cluster; nothing handed over".into());
+            }
+            return;
+        }
     };
+    // Until the daemon leaves: then keep-alives and taking stop, and the
+    // keys go to the maintenance lease.
+    tokio::select! {
+        _ = membership(&joining, &node, &root, &workloads, &state, &events) => {}
+        Some(tell) = leaving.recv() => {
+            let said = depart(&joining, &node, &root, &state).await;
+            let _ = tell.send(said);
+            // The process ends; nothing more is done here.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Joins, keeps the lease and takes workloads, joining again whenever the
+/// lease is lost; never ends by itself.
+async fn membership(
+    joining: &Joining,
+    node: &str,
+    root: &Root,
+    workloads: &[Workload],
+    state: &Arc<LeaseState>,
+    events: &Events,
+) {
+    let settings = &joining.settings;
+    let node = node.to_string();
     loop {
-        let (client, joined) = join_until_joined(&joining, &node, &root, &events).await;
+        let (client, joined) = join_until_joined(joining, &node, root, events).await;
         state.lease.store(joined.lease_id, Ordering::Relaxed);
         state.set_deadline(joined.deadline);
+        // At once, not at the fence's next look: `berth owner-check`
+        // refuses starts past the deadline it finds there.
+        fence::write_deadline(&root.runtime_dir(), joined.deadline);
         events.info(&format!(
-            "cluster: joined as {node} at {}, lease {:x} ({}, TTL {} s)",
+            "cluster: joined as {node} at {}, lease {:x} ({}, TTL {} s){}",
             settings.endpoints.join(" "),
             joined.lease_id,
             if joined.resumed {
@@ -163,13 +228,17 @@ async fn agent(
             } else {
                 "new"
             },
-            joined.granted_ttl_s
+            joined.granted_ttl_s,
+            match joined.taken_back {
+                0 => String::new(),
+                n => format!("; {n} owner keys taken back from maintenance"),
+            }
         ));
         let taking = take::Context {
             settings: settings.clone(),
             node: node.clone(),
             root: root.clone(),
-            workloads: workloads.clone(),
+            workloads: workloads.to_vec(),
             state: state.clone(),
             events: Events::new("berth-daemon"),
         };
@@ -190,6 +259,84 @@ async fn agent(
                 joined.lease_id
             ),
         });
+    }
+}
+
+/// The daemon leaves: unless the host is shutting down, the node's keys
+/// go to a maintenance lease; the fence keeps the deadline that still
+/// holds a key. What happened, for the journal.
+async fn depart(joining: &Joining, node: &str, root: &Root, state: &LeaseState) -> String {
+    use crate::systemd::Ops;
+    const STEP: Duration = Duration::from_secs(5);
+    let stopping = async {
+        let sd = crate::systemd::Systemd::connect(root.manager()).await.ok()?;
+        sd.system_state().await.ok()
+    };
+    if tokio::time::timeout(STEP, stopping)
+        .await
+        .ok()
+        .flatten()
+        .as_deref()
+        == Some("stopping")
+    {
+        return "the host is shutting down: the drain speaks for this node".into();
+    }
+    let live = state.lease_id();
+    if live == 0 {
+        return "not joined: nothing to hand over".into();
+    }
+    let settings = &joining.settings;
+    let handed = async {
+        let mut client = presence::connect(settings).await?;
+        maintenance::hand_over(
+            &mut client,
+            maintenance::Leaving {
+                settings,
+                node,
+                boot_id: &joining.boot_id,
+                state_dir: &root.state_dir(),
+                live_lease: live,
+                live_deadline: state.deadline(),
+                presence: presence::presence(
+                    keys::NodeState::Maintenance,
+                    &joining.boot_id,
+                    joining.ha.clone(),
+                    joining.frozen,
+                ),
+            },
+        )
+        .await
+    };
+    match tokio::time::timeout(2 * STEP, handed).await {
+        Ok(Ok(h)) => {
+            if let Some(d) = h.deadline {
+                state.set_deadline(d);
+                fence::write_deadline(&root.runtime_dir(), d);
+            }
+            let left = if h.left > 0 {
+                format!(
+                    ", {} could not be moved (the fence keeps the live deadline)",
+                    h.left
+                )
+            } else {
+                String::new()
+            };
+            let revoked = if h.live_revoked {
+                format!("; live lease {live:x} revoked")
+            } else {
+                String::new()
+            };
+            format!(
+                "maintenance: {} owner keys moved to lease {:x} for {} s{left}{revoked}",
+                h.moved, h.maintenance_lease, settings.maintenance_grace_period_s
+            )
+        }
+        Ok(Err(e)) => {
+            format!("maintenance hand-over failed ({e}): the fence keeps the live lease's deadline")
+        }
+        Err(_) => {
+            "etcd did not answer the maintenance hand-over: the fence keeps the live lease's deadline".into()
+        }
     }
 }
 

@@ -18,6 +18,12 @@ use super::keys::{Owner, Presence};
 use super::placement;
 use crate::config::HaPolicy;
 
+/// `now` plus a bound read from etcd: a hostile value cannot overflow
+/// (it only waits forever).
+fn after(now: Duration, bound_s: u64) -> Duration {
+    now.saturating_add(Duration::from_secs(bound_s))
+}
+
 /// One of this node's HA workloads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Local {
@@ -65,8 +71,7 @@ impl View {
             .and_then(|v| serde_json::from_slice::<Owner>(v).ok())
             .map(|o| o.stop_bound_s);
         let bound = from_event.or(known).unwrap_or(fallback_s);
-        self.not_before
-            .insert(workload.to_string(), now + Duration::from_secs(bound));
+        self.not_before.insert(workload.to_string(), after(now, bound));
     }
 
     /// A presence put under `nodes/`; one that cannot be read counts as
@@ -107,14 +112,14 @@ impl View {
             .map(|(w, k)| (w.clone(), k.owner.stop_bound_s))
             .collect();
         for (w, bound) in gone {
-            self.not_before.insert(w, now + Duration::from_secs(bound));
+            self.not_before.insert(w, after(now, bound));
         }
         if first {
             for l in locals {
                 if !owners.contains_key(&l.name) {
                     self.not_before
                         .entry(l.name.clone())
-                        .or_insert(now + Duration::from_secs(l.stop_bound_s));
+                        .or_insert(after(now, l.stop_bound_s));
                 }
             }
         }
@@ -272,6 +277,22 @@ mod tests {
         assert_eq!(v.not_before["db"], 40 * S);
         v.owner_deleted("db", None, 30, Duration::ZERO);
         assert_eq!(v.not_before["db"], 30 * S);
+    }
+
+    /// A hostile stop bound (u64::MAX) in a deleted key waits forever
+    /// instead of panicking the agent's thread (which runs the fence).
+    #[test]
+    fn a_huge_bound_does_not_overflow() {
+        let locals = vec![local("db", &["n2"], u64::MAX)];
+        let mut v = View::default();
+        v.presence_put("n2", &presence(NodeState::Up, &locals));
+        v.owner_put("db", &owner("n1", u64::MAX), 7);
+        v.owner_deleted("db", Some(&owner("n1", u64::MAX)), 30, 100 * S);
+        assert!(to_take("n2", &locals, &v, 10_000 * S).is_empty());
+        v.owner_put("db", &owner("n1", u64::MAX), 7);
+        let presences = v.presences.clone();
+        v.relisted(presences, BTreeMap::new(), &locals, true, 100 * S);
+        assert!(to_take("n2", &locals, &v, 10_000 * S).is_empty());
     }
 
     #[test]

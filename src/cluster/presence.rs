@@ -133,6 +133,8 @@ pub struct Joined {
     /// The lease of this boot was still alive: a restart, not a new boot.
     pub resumed: bool,
     pub granted_ttl_s: i64,
+    /// Owner keys moved back from the maintenance lease.
+    pub taken_back: usize,
     /// The fence deadline the grant (or the resumed lease's remaining
     /// TTL) gives, counted from before the request was sent.
     pub deadline: Duration,
@@ -179,6 +181,10 @@ pub async fn join(
             boot_id: boot_id.to_string(),
         },
     )?;
+    // Back from maintenance: the keys it left on its maintenance lease
+    // come back onto the live one, and the grace ends now.
+    let taken_back =
+        super::maintenance::take_back(client, settings, node, boot_id, state_dir, lease_id).await?;
     announce(
         client,
         &keys,
@@ -206,6 +212,7 @@ pub async fn join(
         lease_id,
         resumed: resumed.is_some(),
         granted_ttl_s,
+        taken_back,
         deadline: (sent + Duration::from_secs(granted_ttl_s.max(0) as u64))
             .saturating_sub(settings.fence_margin()),
     })

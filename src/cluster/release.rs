@@ -13,10 +13,10 @@
 //! with a timeout, and the drain waits for this one only within a bound
 //! it gives.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -113,49 +113,26 @@ impl Session {
             self.lease,
             self.settings.keep_alive_interval(),
         ));
-        self.announce(&mut client, NodeState::ShuttingDown, &events).await;
-        // Workloads the drain could not stop keep their key: it expires
-        // with the lease, and the taker waits the stop bound after that.
-        let mut kept = BTreeSet::new();
-        while let Some(r) = results.recv().await {
-            if !self.ha.contains_key(&r.workload) {
-                continue;
-            }
-            if r.outcome.is_down() {
-                self.release(&mut client, &r.workload, &events).await;
-            } else {
-                kept.insert(r.workload);
-            }
+        // Unannounced, a release could hand a workload straight back to
+        // this node (its presence still says up): nothing is released.
+        if !self.announce(&mut client, NodeState::ShuttingDown, &events).await {
+            while results.recv().await.is_some() {}
+            keeper.abort();
+            return;
         }
-        // Keys of workloads the drain did not name (configured no more).
-        if let Ok(Ok(listing)) = tokio::time::timeout(
-            CALL_TIMEOUT,
-            client.get(self.keys.owners(), Some(GetOptions::new().with_prefix())),
-        )
-        .await
-        {
-            let mine: Vec<String> = listing
-                .kvs()
-                .iter()
-                .filter(|kv| kv.lease() == self.lease)
-                .filter_map(|kv| {
-                    Some(
-                        self.keys
-                            .name_in(&self.keys.owners(), kv.key_str().ok()?)?
-                            .to_string(),
-                    )
-                })
-                .filter(|w| !kept.contains(w) && !self.ha.contains_key(w))
-                .collect();
-            for w in mine {
-                self.release(&mut client, &w, &events).await;
+        // Workloads the drain could not stop keep their key, and so do
+        // those no longer configured (nothing here stopped them): it
+        // expires with the lease, and the taker waits the stop bound.
+        while let Some(r) = results.recv().await {
+            if self.ha.contains_key(&r.workload) && r.outcome.is_down() {
+                self.release(&mut client, &r.workload, &events).await;
             }
         }
         self.announce(&mut client, NodeState::Drained, &events).await;
         keeper.abort();
     }
 
-    async fn announce(&self, client: &mut Client, state: NodeState, events: &Events) {
+    async fn announce(&self, client: &mut Client, state: NodeState, events: &Events) -> bool {
         let p = presence::presence(state, &self.boot, self.ha.clone(), self.frozen);
         let done = tokio::time::timeout(
             CALL_TIMEOUT,
@@ -163,12 +140,21 @@ impl Session {
         )
         .await;
         match done {
-            Ok(Ok(())) => events.info(&format!("cluster: {} announced {}", self.node, state.as_str())),
-            Ok(Err(e)) => events.warn(&format!("cluster: cannot announce {}: {e}", state.as_str())),
-            Err(_) => events.warn(&format!(
-                "cluster: cannot announce {}: etcd did not answer",
-                state.as_str()
-            )),
+            Ok(Ok(())) => {
+                events.info(&format!("cluster: {} announced {}", self.node, state.as_str()));
+                true
+            }
+            Ok(Err(e)) => {
+                events.warn(&format!("cluster: cannot announce {}: {e}", state.as_str()));
+                false
+            }
+            Err(_) => {
+                events.warn(&format!(
+                    "cluster: cannot announce {}: etcd did not answer",
+                    state.as_str()
+                ));
+                false
+            }
         }
     }
 

@@ -89,7 +89,6 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
     let locals = locals(&sd, &ctx).await;
     let keys = Keys::new(&ctx.settings.prefix);
     let mut view = View::default();
-    let mut first = true;
     loop {
         let listed = tokio::time::timeout(
             CALL_TIMEOUT,
@@ -118,8 +117,10 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
                 owners.extend(one.owners);
             }
         }
-        view.relisted(presences, owners, &locals, first, boottime());
-        first = false;
+        // Every listing is treated as the first: a key created and deleted
+        // while no watch ran is invisible, so an unowned workload waits
+        // this node's bound from now.
+        view.relisted(presences, owners, &locals, true, boottime());
         let options = WatchOptions::new()
             .with_prefix()
             .with_prev_key()
@@ -206,6 +207,12 @@ async fn take_due(
         .cloned()
         .collect();
     for local in due {
+        // A take's transaction may take one keep-alive interval: taken
+        // only with that much of the deadline left.
+        let limit = ctx.settings.keep_alive_interval();
+        if ctx.state.deadline().is_none_or(|d| boottime() + limit >= d) {
+            return;
+        }
         let owner = Owner {
             node: ctx.node.clone(),
             stop_bound_s: local.stop_bound_s,
@@ -220,7 +227,7 @@ async fn take_due(
                 value.as_str(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        match tokio::time::timeout(CALL_TIMEOUT, client.txn(txn)).await {
+        match tokio::time::timeout(limit, client.txn(txn)).await {
             Ok(Ok(r)) if r.succeeded() => {
                 view.owner_put(&local.name, value.as_bytes(), lease);
                 ctx.events.info(&format!(
@@ -240,9 +247,9 @@ async fn take_due(
                 .events
                 .warn(&format!("cluster: cannot take {}: {e}", local.name)),
             Err(_) => ctx.events.warn(&format!(
-                "cluster: cannot take {}: etcd did not answer within {} s",
+                "cluster: cannot take {}: etcd did not answer within {} ms",
                 local.name,
-                CALL_TIMEOUT.as_secs()
+                limit.as_millis()
             )),
         }
     }

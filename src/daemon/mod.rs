@@ -197,6 +197,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     });
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);
+    sup.cluster = cluster;
 
     // One sync for every record the first pass writes, before READY.
     let batch = atomic::Batch::begin(&records::records_dir(&sup.root));
@@ -305,8 +306,8 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 // In cluster mode only while the agent's thread runs too: a
                 // daemon whose keep-alives stalled is killed (and fenced)
                 // before its lease could outlive it.
-                let agent_stalled = match (&cluster, watchdog) {
-                    (Some(state), Some(half)) => !state.alive(2 * half),
+                let agent_stalled = match (&sup.cluster, watchdog) {
+                    (Some(agent), Some(half)) => !agent.state.alive(2 * half),
                     _ => false,
                 };
                 if agent_stalled {
@@ -333,6 +334,13 @@ fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, exit: Exit, why: &str) 
     if !why.is_empty() {
         sup.events.info(why);
     }
+    // Cluster mode: the keys go to a maintenance lease first (not during
+    // a shutdown: the drain speaks for the node then), so that peers move
+    // nothing while the daemon is away for less than the grace.
+    if let Some(agent) = &sup.cluster {
+        let said = agent.hand_over(HAND_OVER_LIMIT);
+        sup.events.info(&format!("cluster: {said}"));
+    }
     if let Err(e) = sup.sync_now() {
         sup.events.warn(&format!("cannot sync the records: {e}"));
     }
@@ -340,6 +348,10 @@ fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, exit: Exit, why: &str) 
     api::stop(socket);
     exit
 }
+
+/// How long a leaving daemon waits for its keys to reach the
+/// maintenance lease: well inside the unit's stop timeout.
+const HAND_OVER_LIMIT: Duration = Duration::from_secs(15);
 
 /// Whether the daemon is still settling after this turn: the first time
 /// the work left for after READY is all done, the memory it used is

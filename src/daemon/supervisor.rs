@@ -75,6 +75,9 @@ pub(super) struct Supervisor<O: Ops> {
     /// The last InvocationIDs whose end was recorded, per workload: a
     /// queued signal showing one of them is older than that record.
     ended: HashMap<String, VecDeque<String>>,
+    /// Cluster mode: the agent on its own thread (keep-alives, taking,
+    /// fencing), told to hand over for maintenance when the daemon leaves.
+    pub(super) cluster: Option<crate::cluster::Agent>,
 }
 
 /// What the supervisor last saw of a workload.
@@ -120,6 +123,7 @@ impl<O: Ops> Supervisor<O> {
             unsynced: BTreeSet::new(),
             syncing: false,
             ended: HashMap::new(),
+            cluster: None,
         };
         sup.configure(loaded);
         sup

@@ -22,8 +22,11 @@ impl Systemd {
     ) -> Result<(), SystemdError> {
         let timer = format!("{name}.timer");
         let service = format!("{name}.service");
-        // A transient unit of that name, active or not, must go first.
-        let _ = self.stop(&timer).await;
+        // A transient unit of that name, active or not, must go first
+        // (its stop job done, or the name is still taken).
+        if let Ok(job) = self.stop(&timer).await {
+            let _ = self.wait(&job, Some(Duration::from_secs(5))).await;
+        }
         let usec = after.as_micros().max(1) as u64;
         // The base is named as in a timer file; the value is in µs.
         let on_active: Vec<(&str, u64)> = vec![("OnActiveSec", usec)];
@@ -32,6 +35,9 @@ impl Systemd {
             ("TimersMonotonic", Value::from(on_active)),
             ("AccuracyUSec", Value::from(1u64)),
             ("RemainAfterElapse", Value::from(false)),
+            // Gone once inactive, failed or not: the next arming finds
+            // the names free.
+            ("CollectMode", Value::from("inactive-or-failed")),
         ];
         let exec: Vec<(&str, Vec<&str>, bool)> =
             vec![(argv[0].as_str(), argv.iter().map(String::as_str).collect(), false)];
@@ -39,6 +45,7 @@ impl Systemd {
             ("Description", Value::from(description)),
             ("Type", Value::from("oneshot")),
             ("ExecStart", Value::from(exec)),
+            ("CollectMode", Value::from("inactive-or-failed")),
         ];
         let aux: [(&str, &[(&str, Value<'_>)]); 1] = [(service.as_str(), &service_props)];
         self.bounded(

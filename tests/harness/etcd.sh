@@ -2,6 +2,7 @@
 # etcd-server) on the host's loopback at free ports; the containers share
 # the host's network. Per node, a relay the scenario controls
 # (tests/harness/bin/relay): SIGSTOP of it is a partition of that node.
+# The caller's EXIT trap runs cluster_cleanup (SCENARIO names the run).
 command -v etcd >/dev/null && command -v etcdctl >/dev/null \
     || die "etcd and etcdctl are needed (make deps installs etcd-server and etcd-client)"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -46,4 +47,3 @@ relays_stop() {
     done
 }
 cluster_cleanup() { relays_stop; etcd_stop; }
-trap 'rc=$?; cluster_cleanup; (exit $rc); scenario_end' EXIT

@@ -320,7 +320,10 @@ ct_boot() {
     # CT_CGROUP=1: the container gets cgroups of its own (several booted
     # at once: one cgroup shared by two containers is torn down by both).
     (
-        [ "${CT_CGROUP:-}" != 1 ] || ct_cgroup_enter "$CT_NAME"
+        if [ "${CT_CGROUP:-}" = 1 ]; then
+            ct_cgroup_remove "$CT_NAME"
+            ct_cgroup_enter "$CT_NAME"
+        fi
         exec systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
             --machine="$CT_NAME" \
             --bind="$CT_DIR/out:/out" \

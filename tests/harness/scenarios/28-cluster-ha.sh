@@ -5,28 +5,31 @@
 # db is `ha = true, nodes = ["n1", "n2", "n3"]` on every node:
 # - the first candidate takes it (create-if-absent, on its lease) and
 #   starts it; nobody else runs it;
-# - a restart of every daemon, and a SIGKILL of the owner's daemon, move
-#   nothing;
-# - the owner's daemon stopped: the fence timer its ExecStopPost= armed
-#   stops db with no berth process left; a peer starts db only after the
-#   owner's key expired and the stop bound ran out;
+# - a restart of every daemon (keys handed to a maintenance lease and
+#   back), a SIGKILL of the owner's daemon, and a stop of it shorter than
+#   maintenance_grace_period_s move nothing;
+# - the owner's daemon stopped past the grace: the fence timer its
+#   ExecStopPost= armed stops db with no berth process left; a peer starts
+#   db only after the maintenance lease expired and the stop bound ran out;
 # - a partition of the owner: it fences at its deadline; a peer starts db
 #   only after the owner's key expired and the stop bound ran out; when
 #   the partition heals the old owner leaves db alone;
 # - the owner's power-off: its drain stops db, releases the key with a
 #   stop bound of zero, and the next candidate starts db at once (well
 #   inside a TTL);
-# - the whole root of the owner killed: the last node takes db only after
-#   the lease expired and the stop bound in the key ran out;
 # - etcd down for everyone: the owner fences, and starts db again once
-#   etcd is back and its key is confirmed; nothing moves.
+#   etcd is back and its key is confirmed; the other node takes nothing;
+# - the whole root of the owner killed: the last node takes db only after
+#   the lease expired and the stop bound in the key ran out.
 # Every start and stop of db is timestamped by the workload (one kernel
 # clock), so "never both running" is read off the logs of all nodes.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 28-cluster-ha
 source "$(dirname "$0")/../etcd.sh"
+trap 'rc=$?; cluster_cleanup; (exit $rc); scenario_end' EXIT
 
 TTL=5
+GRACE=15
 STOP_DELAY=3
 # No ExecStop=, TimeoutStopSec= is stop_delay_s + 30: (0 + 1) * 33 + 5.
 BOUND=38
@@ -40,6 +43,7 @@ config_for() {
 node = "$1"
 endpoints = ["http://127.0.0.1:${RELAY_PORT[$1]}"]
 lease_ttl_s = $TTL
+maintenance_grace_period_s = $GRACE
 EOF
     printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
         "$STOP_DELAY" >"$dir/workloads/db.toml"
@@ -70,7 +74,26 @@ db_pid() { on "$1" systemctl show -P MainPID berth@db.service; }
 # ev NODE EVENT [N]: the time of the Nth-last EVENT (start, stop-end) in
 # NODE's db log.
 ev() { awk -v e="$2" '$1 == e { t = $2 } END { print t }' "${NODE_DIR[$1]}/out/db.log" 2>/dev/null; }
-took() { on "$1" journalctl -b -u berth-daemon.service -o cat --no-pager | grep -c 'cluster: took db' || true; }
+# daemon_log NODE: its daemon's journal of this boot (fails when unreadable).
+daemon_log() { on "$1" journalctl -b -u berth-daemon.service -o cat --no-pager; }
+# count_in NODE TEXT: lines of NODE's daemon log with TEXT; "unreadable" when
+# the journal cannot be read (so that a comparison fails, not passes).
+count_in() {
+    local log
+    log=$(daemon_log "$1") || { echo unreadable; return; }
+    grep -cF -- "$2" <<<"$log" || true
+}
+took() { count_in "$1" 'cluster: took db'; }
+# db_down_on NODE: db's unit is inactive or failed there (not merely "not
+# known to be active": a failed nsenter must not pass).
+db_down_on() {
+    case "$(on "$1" systemctl is-active berth@db.service 2>/dev/null)" in
+        inactive | failed) return 0 ;;
+    esac
+    return 1
+}
+# says_more NODE TEXT BEFORE: NODE's daemon log has more lines with TEXT.
+says_more() { local n; n=$(count_in "$1" "$2"); [ "$n" != unreadable ] && [ "$n" -gt "$3" ]; }
 
 # The first candidate takes db. Nobody saw a previous owner let go, so it
 # waits one stop bound from its join before it takes.
@@ -83,44 +106,74 @@ check_contains "... recorded as taken (ha-take)" '"last_transition_reason": "ha-
 check_eq "n2 and n3 took nothing" "0 0" "$(took n2) $(took n3)"
 check_eq "db runs on n1 only" n1 "$(running_on)"
 
-# A restart of every daemon moves nothing: same key (same creation), same
-# lease, the same db process, on n1 only.
+# A restart of every daemon moves nothing: each hands its keys to a
+# maintenance lease on the way out and takes them back at its join. The
+# same key (same creation), now on n1's new live lease; the same db
+# process on n1 only.
 revision=$(create_revision_of /berth/owners/db)
-lease=$(lease_of /berth/owners/db)
 pid=$(db_pid n1)
 for n in n1 n2 n3; do on "$n" systemctl restart berth-daemon.service; done
 sleep $((TTL + 2))
-check_eq "a restart of every daemon: the owner key is the same one" "$revision $lease" \
+check_contains "a restart of every daemon: n1's keys went to a maintenance lease" "cluster: maintenance: 1 owner keys moved to lease" \
+    "$(on n1 journalctl -b -u berth-daemon.service -o cat --no-pager)"
+check_contains "... and came back at its join" "1 owner keys taken back from maintenance" \
+    "$(on n1 journalctl -b -u berth-daemon.service -o cat --no-pager)"
+check_eq "... the owner key is the same one, on n1's live lease" "$revision $(lease_of /berth/nodes/n1)" \
     "$(create_revision_of /berth/owners/db) $(lease_of /berth/owners/db)"
 check_eq "... the same db process on n1, and nowhere else" "$pid n1" "$(db_pid n1) $(running_on)"
 
-# The owner's daemon SIGKILLed: systemd restarts it, it resumes its lease.
+# The owner's daemon SIGKILLed: no hand-over; systemd restarts it and it
+# resumes its lease before the deadline (its ExecStopPost armed the fence
+# timer; the daemon back disarmed it).
+lease=$(lease_of /berth/owners/db)
 on n1 systemctl kill -s KILL berth-daemon.service
 sleep $((TTL + 2))
-check_eq "n1's daemon SIGKILLed and restarted: the owner key is the same one" "$revision $lease" \
+check_eq "n1's daemon SIGKILLed and restarted: the owner key is the same one, on the same lease" "$revision $lease" \
     "$(create_revision_of /berth/owners/db) $(lease_of /berth/owners/db)"
 check_eq "... the same db process on n1, and nowhere else" "$pid n1" "$(db_pid n1) $(running_on)"
 
-# n1's daemon stopped: no berth process is left on n1, yet its
-# ExecStopPost= (berth fence-arm) armed berth-fence.timer at the lease
-# deadline it last saw; the timer's `berth fence` stops db, recorded as
-# the fence's. n1's lease expires; n2 waits the stop bound from the
-# deletion and starts db, after n1's stop by both nodes' timestamps.
+# n1's daemon stopped for less than the grace (15 s): its key waits on
+# the maintenance lease, n1 is in maintenance; nothing moves, nothing
+# stops; back, it takes the key onto its live lease.
 on n1 systemctl stop berth-daemon.service
-check_contains "n1's daemon stopped: its ExecStopPost armed the fence timer" "berth-fence.timer armed" \
-    "$(on n1 journalctl -b -u berth-daemon.service -o cat --no-pager)"
-check "... which stops db with no berth process left" wait_for $((TTL + STOP_DELAY + 5)) sh -c \
-    "! nsenter -t ${NODE_PID[n1]} -a systemctl -q is-active berth@db.service"
+check_contains "n1's daemon stopped: n1 is in maintenance" '"state":"maintenance"' \
+    "$(etcdctl get /berth/nodes/n1 --print-value-only)"
+maintenance_lease=$(lease_of /berth/owners/db)
+check "... its key is on the maintenance lease ($maintenance_lease, not $lease)" \
+    test -n "$maintenance_lease" -a "$maintenance_lease" != "$lease"
+sleep $((TTL + 3))
+check_eq "... past its live lease's TTL: db still runs on n1 only, the same process" "$pid n1" "$(db_pid n1) $(running_on)"
+on n1 systemctl start berth-daemon.service
+owner_lease_is_not() { [ "$(lease_of /berth/owners/db)" != "$1" ]; }
+check "n1's daemon back within the grace: its key leaves the maintenance lease" wait_for 10 owner_lease_is_not "$maintenance_lease"
+check_eq "... its live lease, the same key, and the same db process on n1 only" \
+    "$(lease_of /berth/nodes/n1) $revision $pid n1" \
+    "$(lease_of /berth/owners/db) $(create_revision_of /berth/owners/db) $(db_pid n1) $(running_on)"
+fence_timer_gone() { ! on n1 systemctl -q is-active berth-fence.timer; }
+check "... and the fence timer its ExecStopPost armed is disarmed" wait_for 5 fence_timer_gone
+
+# n1's daemon stopped past the grace: no berth process is left on n1, yet
+# its ExecStopPost= (berth fence-arm) armed berth-fence.timer at the
+# maintenance lease's deadline; the timer's `berth fence` stops db,
+# recorded as the fence's. The maintenance lease expires; n2 waits the
+# stop bound from the deletion and starts db, after n1's stop by both
+# nodes' timestamps.
+stopped_at=$(date +%s.%N)
+on n1 systemctl stop berth-daemon.service
+check_eq "n1's daemon stopped: its ExecStopPost armed the fence timer" active "$(on n1 systemctl is-active berth-fence.timer)"
+check "... which stops db with no berth process left" wait_for $((GRACE + STOP_DELAY + 5)) db_down_on n1
+fenced_at=$(ev n1 stop-begin)
+check "... not before the grace minus the margin ($(python3 -c "print(round($fenced_at - $stopped_at, 2))") s >= $((GRACE - 2 - 1)) s)" \
+    python3 -c "import sys; sys.exit(not ($fenced_at - $stopped_at >= $GRACE - 2 - 1))"
 check "... recorded as the fence's stop" wait_for 10 grep -q '"last_transition_reason": "fence"' \
     "${NODE_DIR[n1]}/state/records/db.json"
-check "n2 takes db after n1's lease and the stop bound" wait_for $((TTL + BOUND + 20)) is_running_on n2
+check "n2 takes db after the grace and the stop bound" wait_for $((GRACE + BOUND + 20)) is_running_on n2
 n1_stopped=$(ev n1 stop-end)
 n2_started=$(ev n2 start)
 check "... n1 had stopped db before n2 started it ($n1_stopped < $n2_started)" \
     python3 -c "import sys; sys.exit(not (0 < $n1_stopped < $n2_started))"
 on n1 systemctl start berth-daemon.service
-check "n1's daemon back: it joins with a new lease and leaves db stopped (its key is gone)" wait_for 20 sh -c \
-    "nsenter -t ${NODE_PID[n1]} -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'db stays stopped'"
+check "n1's daemon back: it joins with a new lease and leaves db stopped (its key is gone)" wait_for 20 says_more n1 'db stays stopped' 0
 check_eq "... db runs on n2 only, owned by n2" "n2 n2" "$(running_on) $(owner)"
 
 # A partition of the owner, n2 (its relay stopped: its calls hang,
@@ -130,8 +183,7 @@ check_eq "... db runs on n2 only, owned by n2" "n2 n2" "$(running_on) $(owner)"
 # and starts db: after n2's stop, by both nodes' timestamps.
 cut=$(date +%s.%N)
 kill -STOP "${RELAY_PID[n2]}"
-check "n2 cut off from etcd: it fences db" wait_for $((TTL + STOP_DELAY + 5)) sh -c \
-    "! nsenter -t ${NODE_PID[n2]} -a systemctl -q is-active berth@db.service"
+check "n2 cut off from etcd: it fences db" wait_for $((TTL + STOP_DELAY + 5)) db_down_on n2
 check "... recorded as the fence's stop" wait_for 10 grep -q '"last_transition_reason": "fence"' \
     "${NODE_DIR[n2]}/state/records/db.json"
 check "n1 takes db after n2's lease and the stop bound" wait_for $((TTL + BOUND + 20)) is_running_on n1
@@ -142,11 +194,10 @@ check "... n2 began its fence within TTL - margin + 1 s of the cut ($(python3 -c
     python3 -c "import sys; sys.exit(not (0 < $fenced_at - $cut <= $TTL - 2 + 1))"
 check "... n2 had stopped db before n1 started it ($n2_stopped < $n1_started)" \
     python3 -c "import sys; sys.exit(not (0 < $n2_stopped < $n1_started))"
+joins=$(count_in n2 'cluster: joined as n2')
 kill -CONT "${RELAY_PID[n2]}"
-check "the partition heals: n2 joins again with a new lease" wait_for 30 sh -c \
-    "nsenter -t ${NODE_PID[n2]} -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'joining again'"
-check "... and leaves db stopped: its key is no longer on n2's lease" wait_for 20 sh -c \
-    "nsenter -t ${NODE_PID[n2]} -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'db stays stopped'"
+check "the partition heals: n2 joins again" wait_for 30 says_more n2 'cluster: joined as n2' "$joins"
+check "... and leaves db stopped: its key is no longer on n2's lease" wait_for 20 says_more n2 'db stays stopped' 0
 sleep 2
 check_eq "... db runs on n1 only, owned by n1" "n1 n1" "$(running_on) $(owner)"
 
@@ -168,9 +219,24 @@ check_contains "n1's drain released db" "cluster: released db: it is down" "$dra
 check_contains "... and announced drained" "cluster: n1 announced drained" "$drain_log"
 check_contains "n1's last state is drained" '"state":"drained"' "$(etcdctl get /berth/last-state/n1 --print-value-only)"
 
+# etcd down for the whole cluster: the owner (n2) fences; when etcd is
+# back (its leader restores every lease with a fresh TTL) n2 confirms its
+# key and starts db again; n3, up all along, takes nothing.
+revision=$(create_revision_of /berth/owners/db)
+n3_took=$(took n3)
+etcd_stop
+check "etcd down: n2 fences db" wait_for $((TTL + STOP_DELAY + 5)) db_down_on n2
+sleep $TTL
+etcd_start
+check "etcd back: n2 starts db again" wait_for 30 is_running_on n2 n2 n3
+check_eq "... its key is the same one, still n2's; n3 took nothing" "$revision n2 $n3_took" \
+    "$(create_revision_of /berth/owners/db) $(owner) $(took n3)"
+check "... once the key was confirmed on its lease" says_more n2 "fence lifted: db's owner key is still on lease" 0
+
 # The whole root of n2 killed (its PID 1, SIGKILL): nobody releases
 # anything. n3 takes db after n2's lease expired and the stop bound ran
 # out: no earlier than the bound after the kill.
+waited=$(count_in n3 'the owner key of db went (last owner n2)')
 killed=$(date +%s.%N)
 kill -9 "${NODE_PID[n2]}"
 node_use n2
@@ -183,21 +249,7 @@ check "... no earlier than the stop bound after the kill ($after s >= $BOUND s)"
     python3 -c "import sys; sys.exit(not ($after >= $BOUND))"
 check "... and no later than the TTL, the bound and 10 s ($after s <= $((TTL + BOUND + 10)) s)" \
     python3 -c "import sys; sys.exit(not ($after <= $TTL + $BOUND + 10))"
-check_contains "n3 said why it waited" "the owner key of db went (last owner n2); its first qualifying candidate takes it in" \
-    "$(on n3 journalctl -b -u berth-daemon.service -o cat --no-pager)"
-
-# etcd down for the whole cluster: the owner fences; when etcd is back
-# (its leader restores every lease with a fresh TTL) the owner confirms
-# its key and starts db again; nothing moves.
-revision=$(create_revision_of /berth/owners/db)
-etcd_stop
-check "etcd down: n3 fences db" wait_for $((TTL + STOP_DELAY + 5)) sh -c "! nsenter -t ${NODE_PID[n3]} -a systemctl -q is-active berth@db.service"
-sleep $TTL
-etcd_start
-check "etcd back: n3 starts db again" wait_for 30 is_running_on n3 n3
-check_eq "... its key is the same one, still n3's" "$revision n3" "$(create_revision_of /berth/owners/db) $(owner)"
-check_contains "... once the key was confirmed on its lease" "fence lifted: db's owner key is still on lease" \
-    "$(on n3 journalctl -b -u berth-daemon.service -o cat --no-pager)"
+check "n3 said why it waited" says_more n3 'the owner key of db went (last owner n2)' "$waited"
 
 # Never both running: every run of db on every node, from its start to its
 # stop-end (a run with none ended with its root's kill, or runs still),

@@ -1,0 +1,244 @@
+//! Maintenance (issue 13, point 5): a daemon stopped or restarted on
+//! purpose (`systemctl stop`/`restart`, its own exit-75 relaunch) hands
+//! its keys to a lease of `maintenance_grace_period_s` before it exits, so
+//! that peers move nothing while it is away for less than that.
+//!
+//! On the way out: a maintenance lease is granted; the presence goes onto
+//! it as `maintenance`; each owner key moves onto it in transactions of at
+//! most 64 keys, each key compared on its lease (the live one) and its
+//! value (`If(lease == live ∧ value == self) Then Put(key, lease =
+//! maintenance)`: two compares a key, and etcd 3.4 allows 128 operations);
+//! a chunk whose compare fails is retried key by key. The live lease is
+//! revoked only when every key moved; the fence deadline kept for
+//! `berth fence-arm` is the earlier of the deadlines that still hold a key.
+//!
+//! On the way back ([`take_back`], at the join): the keys on the
+//! maintenance lease move onto the new live lease the same way, and the
+//! maintenance lease is revoked: the grace ends as soon as the daemon is
+//! back.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{Keys, NodeState, Owner};
+use super::presence::{self, ClusterError, boottime};
+use crate::config::ClusterSettings;
+
+/// Keys per transaction: two compares each, within etcd 3.4's 128
+/// operations.
+pub const KEYS_PER_TXN: usize = 64;
+
+/// The maintenance lease a daemon left on, with its boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaintenanceRecord {
+    pub lease_id: i64,
+    pub boot_id: String,
+}
+
+pub fn record_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster-maintenance.json")
+}
+
+fn read_record(state_dir: &Path) -> Option<MaintenanceRecord> {
+    serde_json::from_slice(&std::fs::read(record_path(state_dir)).ok()?).ok()
+}
+
+/// The deadline the fence keeps once the daemon is gone (pure): the
+/// earlier of the live and maintenance deadlines that still hold a key of
+/// this node; when neither holds one, the live deadline (or the
+/// maintenance one when the live lease is gone).
+pub fn fence_deadline(
+    live: Option<Duration>,
+    keys_on_live: usize,
+    maintenance: Option<Duration>,
+    keys_on_maintenance: usize,
+) -> Option<Duration> {
+    let holding = [(live, keys_on_live), (maintenance, keys_on_maintenance)]
+        .into_iter()
+        .filter(|(d, n)| d.is_some() && *n > 0)
+        .filter_map(|(d, _)| d)
+        .min();
+    holding.or(live).or(maintenance)
+}
+
+/// An owner key of this node, as read.
+#[derive(Debug, Clone)]
+struct Held {
+    key: String,
+    value: Vec<u8>,
+}
+
+/// The owner keys naming `node` on `lease`.
+async fn held(client: &mut Client, keys: &Keys, node: &str, lease: i64) -> Result<Vec<Held>, ClusterError> {
+    let listing = client
+        .get(keys.owners(), Some(GetOptions::new().with_prefix()))
+        .await?;
+    Ok(listing
+        .kvs()
+        .iter()
+        .filter(|kv| kv.lease() == lease)
+        .filter(|kv| serde_json::from_slice::<Owner>(kv.value()).is_ok_and(|o| o.node == node))
+        .filter_map(|kv| {
+            Some(Held {
+                key: kv.key_str().ok()?.to_string(),
+                value: kv.value().to_vec(),
+            })
+        })
+        .collect())
+}
+
+/// Moves `keys` from lease `from` onto lease `to`, each only while it is
+/// still on `from` with the value read; how many moved.
+async fn move_keys(client: &mut Client, keys: &[Held], from: i64, to: i64) -> usize {
+    let mut moved = 0;
+    for chunk in keys.chunks(KEYS_PER_TXN) {
+        let txn = |part: &[Held]| {
+            let mut compares = Vec::with_capacity(part.len() * 2);
+            let mut puts = Vec::with_capacity(part.len());
+            for h in part {
+                compares.push(Compare::lease(h.key.as_str(), CompareOp::Equal, from));
+                compares.push(Compare::value(h.key.as_str(), CompareOp::Equal, h.value.clone()));
+                puts.push(TxnOp::put(
+                    h.key.as_str(),
+                    h.value.clone(),
+                    Some(PutOptions::new().with_lease(to)),
+                ));
+            }
+            Txn::new().when(compares).and_then(puts)
+        };
+        match client.txn(txn(chunk)).await {
+            Ok(r) if r.succeeded() => moved += chunk.len(),
+            // A compare failed (or the call did): the chunk did nothing;
+            // each key on its own.
+            _ => {
+                for one in chunk.chunks(1) {
+                    if client.txn(txn(one)).await.is_ok_and(|r| r.succeeded()) {
+                        moved += 1;
+                    }
+                }
+            }
+        }
+    }
+    moved
+}
+
+/// What the hand-over did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandedOver {
+    pub maintenance_lease: i64,
+    pub moved: usize,
+    pub left: usize,
+    pub live_revoked: bool,
+    /// The deadline the fence now keeps.
+    pub deadline: Option<Duration>,
+}
+
+/// What a hand-over needs.
+pub struct Leaving<'a> {
+    pub settings: &'a ClusterSettings,
+    pub node: &'a str,
+    pub boot_id: &'a str,
+    pub state_dir: &'a Path,
+    pub live_lease: i64,
+    pub live_deadline: Option<Duration>,
+    pub presence: super::keys::Presence,
+}
+
+/// Hands the node's keys to a maintenance lease (see the module's text).
+pub async fn hand_over(client: &mut Client, leaving: Leaving<'_>) -> Result<HandedOver, ClusterError> {
+    let settings = leaving.settings;
+    let keys = Keys::new(&settings.prefix);
+    let sent = boottime();
+    let grant = client
+        .lease_grant(settings.maintenance_grace_period_s as i64, None)
+        .await?;
+    let maintenance = grant.id();
+    let maintenance_deadline =
+        (sent + Duration::from_secs(grant.ttl().max(0) as u64)).saturating_sub(settings.fence_margin());
+    let record = MaintenanceRecord {
+        lease_id: maintenance,
+        boot_id: leaving.boot_id.to_string(),
+    };
+    let path = record_path(leaving.state_dir);
+    let bytes = serde_json::to_vec(&record).map_err(|e| ClusterError::Local(path.clone(), e.into()))?;
+    crate::state::atomic::write_json(&path, &bytes).map_err(|e| ClusterError::Local(path, e))?;
+    let mut presence = leaving.presence;
+    presence.state = NodeState::Maintenance;
+    presence::announce(client, &keys, leaving.node, maintenance, presence).await?;
+    let mine = held(client, &keys, leaving.node, leaving.live_lease).await?;
+    let moved = move_keys(client, &mine, leaving.live_lease, maintenance).await;
+    let left = mine.len() - moved;
+    let live_revoked = left == 0 && client.lease_revoke(leaving.live_lease).await.is_ok();
+    Ok(HandedOver {
+        maintenance_lease: maintenance,
+        moved,
+        left,
+        live_revoked,
+        deadline: fence_deadline(
+            (!live_revoked).then_some(leaving.live_deadline).flatten(),
+            left,
+            Some(maintenance_deadline),
+            moved,
+        ),
+    })
+}
+
+/// At the join: the keys a maintenance of this boot left move onto the
+/// live lease, and the maintenance lease goes. How many moved back.
+pub async fn take_back(
+    client: &mut Client,
+    settings: &ClusterSettings,
+    node: &str,
+    boot_id: &str,
+    state_dir: &Path,
+    live_lease: i64,
+) -> Result<usize, ClusterError> {
+    let Some(record) = read_record(state_dir) else {
+        return Ok(0);
+    };
+    let mut moved = 0;
+    if record.boot_id == boot_id {
+        let keys = Keys::new(&settings.prefix);
+        let mine = held(client, &keys, node, record.lease_id).await?;
+        moved = move_keys(client, &mine, record.lease_id, live_lease).await;
+    }
+    // Gone already when the grace ran out; revoked now otherwise.
+    let _ = client.lease_revoke(record.lease_id).await;
+    let _ = std::fs::remove_file(record_path(state_dir));
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// (live deadline, keys on it, maintenance deadline, keys on it) →
+    /// the deadline the fence keeps.
+    #[test]
+    fn the_fence_keeps_the_earlier_deadline_that_holds_a_key() {
+        let cases = [
+            // Every key moved, the live lease revoked: the grace.
+            (None, 0, Some(60 * S), 3, Some(60 * S)),
+            // Nothing moved (etcd unreachable): the live deadline.
+            (Some(6 * S), 3, Some(60 * S), 0, Some(6 * S)),
+            // Some moved, some not: the earlier holds.
+            (Some(6 * S), 1, Some(60 * S), 2, Some(6 * S)),
+            // A node that owns nothing keeps the live deadline.
+            (Some(6 * S), 0, Some(60 * S), 0, Some(6 * S)),
+            (None, 0, Some(60 * S), 0, Some(60 * S)),
+            (None, 0, None, 0, None),
+        ];
+        for (live, on_live, maintenance, on_maintenance, want) in cases {
+            assert_eq!(
+                fence_deadline(live, on_live, maintenance, on_maintenance),
+                want,
+                "{live:?} {on_live} {maintenance:?} {on_maintenance}"
+            );
+        }
+    }
+}
