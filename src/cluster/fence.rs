@@ -93,17 +93,7 @@ pub struct Context {
 
 /// Runs until the process ends, looking every 100 ms.
 pub async fn run(ctx: Context) {
-    let sd = loop {
-        match Systemd::connect(ctx.root.manager()).await {
-            Ok(sd) => break sd,
-            Err(e) => {
-                ctx.events.warn(&format!(
-                    "cluster: the fence cannot reach systemd ({e}); trying again"
-                ));
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    };
+    let sd = super::systemd_for(&ctx.root, &ctx.events, "the fence", Duration::from_secs(1)).await;
     let runtime_dir = ctx.root.runtime_dir();
     // What a fence stopped, this daemon's or the timer's (`berth fence`,
     // maybe while no daemon ran): read from the records, each stop once
@@ -176,12 +166,7 @@ async fn settle(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, lease:
             "cluster: disarmed {TIMER}.timer: lease {lease:x} is alive"
         ));
     }
-    let mut running = Vec::new();
-    for w in &ctx.workloads {
-        if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
-            running.push(w.clone());
-        }
-    }
+    let running = running_of(sd, &ctx.workloads).await;
     if running.is_empty() {
         return true;
     }
@@ -215,6 +200,17 @@ async fn settle(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, lease:
     true
 }
 
+/// Those of `workloads` whose unit runs (or is starting) here.
+async fn running_of<O: Ops>(sd: &O, workloads: &[Workload]) -> Vec<Workload> {
+    let mut running = Vec::new();
+    for w in workloads {
+        if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
+            running.push(w.clone());
+        }
+    }
+    running
+}
+
 /// The cached etcd client, connected when there is none.
 async fn connected<'c>(ctx: &Context, client: &'c mut Option<Client>) -> Option<&'c mut Client> {
     if client.is_none() {
@@ -240,12 +236,7 @@ pub async fn fence_now<O: Ops>(
     events: &Events,
     quiet: bool,
 ) -> Vec<String> {
-    let mut running = Vec::new();
-    for w in workloads {
-        if sd.active_state(&w.unit_name()).await.is_ok_and(|s| !s.is_down()) {
-            running.push(w);
-        }
-    }
+    let running = running_of(sd, workloads).await;
     if running.is_empty() {
         if quiet {
             return Vec::new();

@@ -132,6 +132,27 @@ pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) 
     }
 }
 
+/// A systemd connection for one of the agent's tasks, tried again every
+/// `every` until it comes (said each time: the task is idle meanwhile).
+pub(crate) async fn systemd_for(
+    root: &Root,
+    events: &Events,
+    task: &str,
+    every: Duration,
+) -> crate::systemd::Systemd {
+    loop {
+        match crate::systemd::Systemd::connect(root.manager()).await {
+            Ok(sd) => return sd,
+            Err(e) => {
+                events.warn(&format!(
+                    "cluster: {task} cannot reach systemd ({e}); trying again"
+                ));
+                tokio::time::sleep(every).await;
+            }
+        }
+    }
+}
+
 /// The node's HA workloads and a hash of each one's candidate list, as
 /// its presence publishes them.
 pub fn ha_hashes(loaded: &Loaded) -> BTreeMap<String, String> {

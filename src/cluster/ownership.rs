@@ -40,6 +40,19 @@ pub struct OwnerKey {
     pub lease: i64,
 }
 
+impl OwnerKey {
+    /// An owner key as etcd holds it. A value that cannot be read still
+    /// holds the workload (the key exists; create-if-absent fails on it).
+    pub fn read(value: &[u8], lease: i64) -> OwnerKey {
+        let owner = serde_json::from_slice(value).unwrap_or(Owner {
+            node: String::new(),
+            stop_bound_s: 0,
+            since: String::new(),
+        });
+        OwnerKey { owner, lease }
+    }
+}
+
 /// The cluster as this node has seen it; times on CLOCK_BOOTTIME.
 #[derive(Debug, Default, Clone)]
 pub struct View {
@@ -50,16 +63,10 @@ pub struct View {
 }
 
 impl View {
-    /// A key put under `owners/`. A value that cannot be read still
-    /// holds the workload (the key exists; create-if-absent fails on it).
+    /// A key put under `owners/`.
     pub fn owner_put(&mut self, workload: &str, value: &[u8], lease: i64) {
-        let owner = serde_json::from_slice(value).unwrap_or(Owner {
-            node: String::new(),
-            stop_bound_s: 0,
-            since: String::new(),
-        });
         self.owners
-            .insert(workload.to_string(), OwnerKey { owner, lease });
+            .insert(workload.to_string(), OwnerKey::read(value, lease));
         self.not_before.remove(workload);
     }
 

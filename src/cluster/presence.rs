@@ -81,7 +81,7 @@ impl From<etcd_client::Error> for ClusterError {
 
 /// How long one etcd call may take: a partition hangs calls, and the
 /// deadline, not the call, decides.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connects to the cluster's endpoints, with TLS when configured.
 pub async fn connect(settings: &ClusterSettings) -> Result<Client, ClusterError> {

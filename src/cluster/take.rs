@@ -12,7 +12,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 
 use super::keys::{Keys, Owner};
-use super::ownership::{self, Local, View};
+use super::ownership::{self, Local, OwnerKey, View};
 use super::presence::{LeaseState, boottime};
 use crate::config::{ClusterSettings, Workload};
 use crate::events::Events;
@@ -21,8 +21,7 @@ use crate::state::records::TransitionReason;
 use crate::systemd::{Ops, Systemd};
 use crate::time::rfc3339;
 
-/// How long one etcd call may take here.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+use super::presence::CALL_TIMEOUT;
 
 /// What the loop works with.
 pub struct Context {
@@ -75,17 +74,7 @@ async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
 
 /// Runs until the process ends. `lease` is the live lease the keys go on.
 pub async fn run(mut client: Client, ctx: Context, lease: i64) {
-    let sd = loop {
-        match Systemd::connect(ctx.root.manager()).await {
-            Ok(sd) => break Arc::new(sd),
-            Err(e) => {
-                ctx.events.warn(&format!(
-                    "cluster: cannot reach systemd to take workloads ({e}); trying again"
-                ));
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        }
-    };
+    let sd = Arc::new(super::systemd_for(&ctx.root, &ctx.events, "taking", Duration::from_secs(5)).await);
     let locals = locals(&sd, &ctx).await;
     let keys = Keys::new(&ctx.settings.prefix);
     let mut view = View::default();
@@ -112,9 +101,7 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
                     presences.insert(n.to_string(), p);
                 }
             } else if let Some(w) = keys.name_in(&keys.owners(), key) {
-                let mut one = View::default();
-                one.owner_put(w, kv.value(), kv.lease());
-                owners.extend(one.owners);
+                owners.insert(w.to_string(), OwnerKey::read(kv.value(), kv.lease()));
             }
         }
         // Every listing is treated as the first: a key created and deleted
