@@ -6,8 +6,11 @@
 //! - `GET /healthz`: 200 while the loop runs and its last pass is recent;
 //!   503 when systemd could not be scanned at all or the loop stalled.
 //! - `GET /v1/workloads`, `GET /v1/workloads/NAME`: record and live state.
+//! - `GET /v1/cluster` (cluster mode): peers, states, lease ages, owners
+//!   and this node's fence deadline, as the agent last gathered them.
 //! - `GET /v1/events`: Server-Sent Events; a `sync` snapshot, then
-//!   `MODIFIED` / `ADDED` / `DELETED`. The subscription is taken before the
+//!   `MODIFIED` / `ADDED` / `DELETED`, and `OWNER` when an HA workload's
+//!   owner key changes (cluster mode). The subscription is taken before the
 //!   snapshot; nothing is replayed; a reader that falls behind loses events
 //!   (told by a fresh `sync`) and never slows the others or the loop.
 //!
@@ -19,10 +22,12 @@ mod routes;
 mod server;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
@@ -84,11 +89,58 @@ impl EventKind {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Event {
-    #[serde(rename = "type")]
-    pub kind: EventKind,
-    pub workload: WorkloadView,
+/// What `/v1/events` sends after its `sync`.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Workload(EventKind, WorkloadView),
+    /// An HA workload's owner key was put or deleted.
+    Owner(OwnerChange),
+}
+
+impl Event {
+    /// The SSE event name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Workload(kind, _) => kind.as_str(),
+            Event::Owner(_) => "OWNER",
+        }
+    }
+
+    /// The SSE data line.
+    pub fn data(&self) -> String {
+        match self {
+            Event::Workload(_, view) => serde_json::to_string(view),
+            Event::Owner(change) => serde_json::to_string(change),
+        }
+        .unwrap_or_else(|_| "{}".into())
+    }
+}
+
+/// An owner key's change, as the agent's watch saw it. The names come
+/// from etcd: JSON-escaped like everything served.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OwnerChange {
+    pub workload: String,
+    /// The owner now; None when the key was deleted (released, or its
+    /// lease expired) or does not read as an owner.
+    pub owner: Option<String>,
+    /// Its lease, hex; None when deleted.
+    pub lease: Option<String>,
+    pub stop_bound_s: Option<u64>,
+    /// etcd's revision of the change.
+    pub revision: i64,
+}
+
+/// `/v1/cluster`'s answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClusterSlot {
+    /// Not in cluster mode.
+    Off,
+    /// In cluster mode, nothing gathered yet.
+    Waiting,
+    /// The last view gathered (with an `error` when the last try failed);
+    /// shared, so that a read holds the lock only to take a reference.
+    View(Arc<Value>),
 }
 
 /// `/healthz`'s verdict: the supervisor's aggregate, unless the loop
@@ -123,6 +175,9 @@ pub struct Shared {
     health: Mutex<Health>,
     /// A pass older than this is a stalled loop.
     stale_after: Duration,
+    cluster: Mutex<ClusterSlot>,
+    /// `/v1/cluster` was read since the agent last looked.
+    cluster_asked: AtomicBool,
 }
 
 const EVENT_BUFFER: usize = 256;
@@ -144,7 +199,51 @@ impl Shared {
             events,
             health: Mutex::new(Health::default()),
             stale_after,
+            cluster: Mutex::new(ClusterSlot::Off),
+            cluster_asked: AtomicBool::new(false),
         })
+    }
+
+    /// `/v1/cluster`'s answer; reading it asks the agent for a fresh one.
+    pub fn cluster(&self) -> ClusterSlot {
+        self.cluster_asked.store(true, Ordering::Relaxed);
+        lock(&self.cluster).clone()
+    }
+
+    /// Whether `/v1/cluster` was read since the last call.
+    pub fn cluster_asked(&self) -> bool {
+        self.cluster_asked.swap(false, Ordering::Relaxed)
+    }
+
+    /// The agent runs: a view will come.
+    pub fn cluster_waiting(&self) {
+        *lock(&self.cluster) = ClusterSlot::Waiting;
+    }
+
+    pub fn set_cluster(&self, view: Value) {
+        *lock(&self.cluster) = ClusterSlot::View(Arc::new(view));
+    }
+
+    /// The last gathering failed: the previous view stays, saying so.
+    pub fn cluster_unreachable(&self, error: &str) {
+        let mut slot = lock(&self.cluster);
+        let view = match &*slot {
+            ClusterSlot::View(v) => match &**v {
+                Value::Object(v) => {
+                    let mut v = v.clone();
+                    v.insert("error".into(), Value::String(error.into()));
+                    Value::Object(v)
+                }
+                _ => serde_json::json!({ "error": error }),
+            },
+            _ => serde_json::json!({ "error": error }),
+        };
+        *slot = ClusterSlot::View(Arc::new(view));
+    }
+
+    /// An owner key changed.
+    pub fn owner_changed(&self, change: OwnerChange) {
+        let _ = self.events.send(Event::Owner(change));
     }
 
     /// Every workload's view, in name order.
@@ -167,16 +266,13 @@ impl Shared {
         };
         all.insert(view.name.clone(), view.clone());
         drop(all);
-        let _ = self.events.send(Event { kind, workload: view });
+        let _ = self.events.send(Event::Workload(kind, view));
     }
 
     pub fn remove(&self, name: &str) {
         let removed = lock(&self.workloads).remove(name);
         if let Some(view) = removed {
-            let _ = self.events.send(Event {
-                kind: EventKind::Deleted,
-                workload: view,
-            });
+            let _ = self.events.send(Event::Workload(EventKind::Deleted, view));
         }
     }
 
@@ -284,7 +380,10 @@ mod tests {
         shared.publish(view("b"));
         shared.retain(|n| n == "b");
         let kinds: Vec<(EventKind, String)> = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| (e.kind, e.workload.name))
+            .filter_map(|e| match e {
+                Event::Workload(kind, view) => Some((kind, view.name)),
+                Event::Owner(_) => None,
+            })
             .collect();
         assert_eq!(
             kinds,

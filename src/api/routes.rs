@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{Shared, Verdict};
+use super::{ClusterSlot, Shared, Verdict};
 
 /// What to answer.
 #[derive(Debug, PartialEq)]
@@ -36,6 +36,14 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
         }
         "/v1/workloads" => Reply::Json(StatusCode::OK, to_json(&shared.snapshot())),
         "/v1/events" => Reply::Events,
+        "/v1/cluster" => match shared.cluster() {
+            ClusterSlot::Off => Reply::Json(StatusCode::NOT_FOUND, json!({"error": "not in cluster mode"})),
+            ClusterSlot::Waiting => Reply::Json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "the cluster view is being gathered; ask again"}),
+            ),
+            ClusterSlot::View(view) => Reply::Json(StatusCode::OK, (*view).clone()),
+        },
         _ => match path
             .strip_prefix("/v1/workloads/")
             .map(|name| (name, shared.view(name)))
@@ -143,6 +151,40 @@ mod tests {
         assert_eq!(
             route(&get, "/healthz", &shared, now),
             Reply::Json(StatusCode::OK, to_json(&shared.health_report(now)))
+        );
+    }
+
+    /// Issue 13, point 7: the cluster view as the agent last gathered it;
+    /// each read asks for a fresh one, and none waits for etcd.
+    #[test]
+    fn the_cluster_view() {
+        let shared = Shared::new(Duration::from_secs(10));
+        let now = SystemTime::now();
+        let get = |shared: &Shared| match route(&Method::GET, "/v1/cluster", shared, now) {
+            Reply::Json(code, body) => (code, body),
+            Reply::Events => panic!("an event stream"),
+        };
+        assert_eq!(
+            get(&shared),
+            (StatusCode::NOT_FOUND, json!({"error": "not in cluster mode"}))
+        );
+        shared.cluster_waiting();
+        assert!(shared.cluster_asked(), "a read asks");
+        assert!(!shared.cluster_asked(), "once");
+        assert_eq!(get(&shared).0, StatusCode::SERVICE_UNAVAILABLE);
+        shared.set_cluster(json!({"node": "n1", "owners": []}));
+        assert_eq!(
+            get(&shared),
+            (StatusCode::OK, json!({"node": "n1", "owners": []}))
+        );
+        shared.cluster_unreachable("etcd did not answer in time");
+        assert_eq!(
+            get(&shared),
+            (
+                StatusCode::OK,
+                json!({"node": "n1", "owners": [], "error": "etcd did not answer in time"})
+            ),
+            "the last view stays, saying the refresh failed"
         );
     }
 }

@@ -308,8 +308,7 @@ fn sync_frame(shared: &Shared) -> Bytes {
 }
 
 fn event_frame(event: &Event) -> Bytes {
-    let data = serde_json::to_string(&event.workload).unwrap_or_else(|_| "{}".into());
-    Bytes::from(format!("event: {}\ndata: {data}\n\n", event.kind.as_str()))
+    Bytes::from(format!("event: {}\ndata: {}\n\n", event.name(), event.data()))
 }
 
 #[cfg(test)]
@@ -543,5 +542,17 @@ mod tests {
         read_until("event: ADDED\ndata: {\"name\":\"b\"", &mut seen);
         shared.remove("a");
         read_until("event: DELETED\ndata: {\"name\":\"a\"", &mut seen);
+        // Issue 13, point 7: ownership changes, on the same stream.
+        shared.owner_changed(crate::api::OwnerChange {
+            workload: "db".into(),
+            owner: None,
+            lease: None,
+            stop_bound_s: None,
+            revision: 9,
+        });
+        read_until(
+            "event: OWNER\ndata: {\"workload\":\"db\",\"owner\":null,\"lease\":null,\"stop_bound_s\":null,\"revision\":9}\n\n",
+            &mut seen,
+        );
     }
 }

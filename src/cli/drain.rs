@@ -19,13 +19,12 @@ pub(super) fn run(root: &Root) -> i32 {
         let began = tokio::time::Instant::now();
         match Systemd::connect(root.manager()).await {
             Ok(sd) => {
-                // Cluster mode: owner keys released as workloads go down.
-                let release = crate::cluster::release::Release::begin(root, &loaded, &events);
-                let tell = release.as_ref().map(|r| r.teller());
-                drain::run_telling(&sd, root, &loaded, &events, began, tell).await;
-                if let Some(release) = release {
-                    release.finish(cluster_wait_until(began, &loaded), &events).await;
-                }
+                // In cluster mode, owner keys are released as workloads go
+                // down, and HA workloads fenced at the lease deadline.
+                crate::cluster::release::drain(&sd, root, &loaded, &events, began, || {
+                    cluster_wait_until(began, &loaded)
+                })
+                .await;
             }
             Err(e) => drain::unreachable(root, &loaded, &e, &events),
         }

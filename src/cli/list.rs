@@ -41,6 +41,19 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd, &listing).await) })
         .ok()
         .flatten();
+    // Cluster mode: each HA workload's owner, as etcd tells it now.
+    let owners: Option<Result<HashMap<String, String>, String>> =
+        loaded.host.cluster.as_ref().map(|settings| {
+            super::block_on(crate::cluster::view::ask(settings, &root.runtime_dir()))
+                .map_err(|e| format!("{e:#}"))
+                .and_then(|r| r)
+                .map(|v| {
+                    v.owners
+                        .into_iter()
+                        .filter_map(|o| Some((o.workload, o.node?)))
+                        .collect()
+                })
+        });
     // Sets and maps, not searches of lists: those were quadratic.
     let mut names: BTreeSet<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();
     names.extend(live.iter().flat_map(|l| l.keys().cloned()));
@@ -62,7 +75,7 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             (None, Some(_)) => ActiveState::Inactive.as_str().to_string(),
             (None, None) => "unknown".to_string(),
         };
-        rows.push(json!({
+        let mut row = json!({
             "name": name,
             "unit": map.unit_of(name),
             "configured": loaded.workload(name).is_some(),
@@ -71,7 +84,16 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             "invocation_id": details.map(|d| d.invocation_id.clone()),
             "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
             "record": record,
-        }));
+        });
+        // An HA workload: its owner (null: nobody), or why it is unknown.
+        if loaded.workload(name).is_some_and(|w| w.ha.is_some()) {
+            match &owners {
+                Some(Ok(o)) => row["owner"] = json!(o.get(name)),
+                Some(Err(e)) => row["owner_unknown"] = json!(e),
+                None => {}
+            }
+        }
+        rows.push(row);
     }
     if json {
         let value = if only.is_some() {
@@ -82,7 +104,12 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
         say(&format!("{}\n", pretty(&value)));
         return 0;
     }
-    say(&text(&rows, live.is_some(), only.is_some()));
+    let mut out = String::new();
+    if let Some(Err(e)) = &owners {
+        out.push_str(&format!("(etcd not reachable: owners unknown: {e})\n"));
+    }
+    out.push_str(&text(&rows, live.is_some(), only.is_some()));
+    say(&out);
     0
 }
 
@@ -103,14 +130,39 @@ fn text(rows: &[Value], reachable: bool, inspect: bool) -> String {
             ));
         }
     }
+    // An OWNER column in cluster mode: HA workloads' rows carry one.
+    let cluster = rows
+        .iter()
+        .any(|r| r.get("owner").is_some() || r.get("owner_unknown").is_some());
+    // The AT column padded only when one follows it.
+    let at = |t: &str| {
+        if cluster {
+            format!("{t:<25}")
+        } else {
+            t.to_string()
+        }
+    };
     out.push_str(&format!(
-        "{:<24} {:<10} {:>8} {:>4}  {:<16} AT\n",
-        "WORKLOAD", "STATE", "PID", "GEN", "LAST"
+        "{:<24} {:<10} {:>8} {:>4}  {:<16} {}{}\n",
+        "WORKLOAD",
+        "STATE",
+        "PID",
+        "GEN",
+        "LAST",
+        at("AT"),
+        if cluster { " OWNER" } else { "" }
     ));
     for r in rows {
         let rec = &r["record"];
+        let owner = match (r.get("owner"), r.get("owner_unknown")) {
+            (Some(Value::String(n)), _) => format!(" {}", n.escape_debug()),
+            (Some(_), _) => " (none)".to_string(),
+            (None, Some(_)) => " ?".to_string(),
+            (None, None) if cluster => " -".to_string(),
+            (None, None) => String::new(),
+        };
         out.push_str(&format!(
-            "{:<24} {:<10} {:>8} {:>4}  {:<16} {}\n",
+            "{:<24} {:<10} {:>8} {:>4}  {:<16} {}{}\n",
             r["name"].as_str().unwrap_or(""),
             r["active_state"].as_str().unwrap_or(""),
             r["main_pid"]
@@ -122,7 +174,8 @@ fn text(rows: &[Value], reachable: bool, inspect: bool) -> String {
                 .map(|g| g.to_string())
                 .unwrap_or_else(|| "-".into()),
             rec["last_transition_reason"].as_str().unwrap_or("-"),
-            rec["last_transition_at"].as_str().unwrap_or("-"),
+            at(rec["last_transition_at"].as_str().unwrap_or("-")),
+            owner
         ));
         if inspect && !rec.is_null() {
             out.push_str(&format!("{}\n", pretty(rec)));
@@ -148,5 +201,39 @@ fn restart_pending(
     ) {
         (true, Some(w), Some(started_with)) => crate::render::definition_fingerprint(root, w) != started_with,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 13, point 7: in cluster mode an OWNER column; outside it the
+    /// table is as it was (no trailing padding).
+    #[test]
+    fn the_owner_column_appears_in_cluster_mode_only() {
+        let plain = json!({"name": "web", "active_state": "active", "main_pid": 7, "record": null});
+        let single = text(std::slice::from_ref(&plain), true, false);
+        assert!(
+            single.lines().all(|l| !l.ends_with(' ') && !l.contains("OWNER")),
+            "{single}"
+        );
+        let rows = [
+            json!({"name": "db", "active_state": "active", "main_pid": 7, "record": null, "owner": "n1"}),
+            json!({"name": "queue", "active_state": "inactive", "record": null, "owner": null}),
+            json!({"name": "evil", "active_state": "inactive", "record": null, "owner": "n\u{1b}2"}),
+            json!({"name": "cache", "active_state": "inactive", "record": null, "owner_unknown": "timeout"}),
+            plain,
+        ];
+        let cluster = text(&rows, true, false);
+        let ends: Vec<&str> = cluster
+            .lines()
+            .map(|l| l.rsplit_once(' ').map_or(l, |(_, last)| last))
+            .collect();
+        assert_eq!(
+            ends,
+            ["OWNER", "n1", "(none)", "n\\u{1b}2", "?", "-"],
+            "{cluster}"
+        );
     }
 }

@@ -2,24 +2,49 @@
 
 use serde_json::Value;
 
-use super::{say, with_systemd};
+use super::{block_on, say, with_systemd};
+use crate::cluster::view::{self, ClusterView};
 use crate::paths::{Manager, Root, UserEnvError};
 use crate::status::{self, Unreachable};
 
 pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool) -> i32 {
-    let v = match &root {
+    let mut v = match &root {
         Ok(root) => status::gather(root, || live(root)),
         Err(reason) => status::unusable(manager, &reason.to_string()),
     };
+    let cluster = root.as_ref().ok().and_then(cluster);
+    if let Some(c) = &cluster {
+        v["cluster"] = match c {
+            Ok(view) => serde_json::to_value(view).unwrap_or_default(),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+    }
     if json {
         say(&format!(
             "{}\n",
             serde_json::to_string_pretty(&v).unwrap_or_default()
         ));
     } else {
-        say(&text(&v));
+        let mut out = text(&v);
+        match &cluster {
+            Some(Ok(view)) => out.push_str(&view::text(view)),
+            Some(Err(e)) => out.push_str(&format!("cluster: cannot ask etcd: {e}\n")),
+            None => {}
+        }
+        say(&out);
     }
     0
+}
+
+/// In cluster mode, the cluster as etcd tells it now (bounded wait).
+fn cluster(root: &Root) -> Option<Result<ClusterView, String>> {
+    let loaded = crate::config::load(root);
+    let settings = loaded.host.cluster?;
+    Some(
+        block_on(view::ask(&settings, &root.runtime_dir()))
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|r| r),
+    )
 }
 
 fn live(root: &Root) -> Result<serde_json::Map<String, Value>, Unreachable> {

@@ -46,6 +46,14 @@ fn read_record(state_dir: &Path) -> Option<MaintenanceRecord> {
     serde_json::from_slice(&std::fs::read(record_path(state_dir)).ok()?).ok()
 }
 
+/// The maintenance lease of boot `boot_id` that holds this node's keys
+/// (the daemon has not taken them back), if any.
+pub fn maintenance_lease(state_dir: &Path, boot_id: &str) -> Option<i64> {
+    read_record(state_dir)
+        .filter(|r| r.boot_id == boot_id)
+        .map(|r| r.lease_id)
+}
+
 /// The deadline the fence keeps once the daemon is gone (pure): the
 /// earlier of the live and maintenance deadlines that still hold a key of
 /// this node; when neither holds one, the live deadline (or the

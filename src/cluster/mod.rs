@@ -16,6 +16,8 @@
 //! - [`maintenance`]: a daemon stopped or restarted on purpose hands its
 //!   keys to a lease of the grace period, and takes them back at its join.
 //! - [`release`]: the drain's part: announce, release, keep the lease.
+//! - [`view`]: peers, states, lease ages, owners and the fence deadline,
+//!   for `berth status`, `berth list` and `/v1/cluster`.
 
 pub mod fence;
 pub mod keys;
@@ -26,6 +28,7 @@ pub mod placement;
 pub mod presence;
 pub mod release;
 pub mod take;
+pub mod view;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -86,7 +89,13 @@ impl Agent {
     }
 }
 
-pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) -> Option<Agent> {
+pub fn start_agent(
+    root: &Root,
+    loaded: &Loaded,
+    boot_id: String,
+    frozen: bool,
+    api: Option<Arc<crate::api::Shared>>,
+) -> Option<Agent> {
     let settings = loaded.host.cluster.clone()?;
     let ha = ha_hashes(loaded);
     let workloads: Vec<Workload> = loaded
@@ -120,6 +129,7 @@ pub fn start_agent(root: &Root, loaded: &Loaded, boot_id: String, frozen: bool) 
                 ha,
                 frozen,
                 boot_id,
+                api,
             };
             runtime.block_on(agent(joining, root, workloads, shared, leaving, events));
         });
@@ -169,6 +179,8 @@ struct Joining {
     ha: BTreeMap<String, String>,
     frozen: bool,
     boot_id: String,
+    /// The API's shared state: `/v1/cluster` and owner events.
+    api: Option<Arc<crate::api::Shared>>,
 }
 
 async fn agent(
@@ -208,6 +220,9 @@ async fn agent(
             return;
         }
     };
+    if let Some(api) = &joining.api {
+        view::start_keeping(settings.clone(), node.clone(), root.runtime_dir(), api.clone());
+    }
     // Until the daemon leaves: then keep-alives and taking stop, and the
     // keys go to the maintenance lease.
     tokio::select! {
@@ -262,6 +277,7 @@ async fn membership(
             workloads: workloads.to_vec(),
             state: state.clone(),
             events: Events::new("berth-daemon"),
+            api: joining.api.clone(),
         };
         // The ownership loop never ends by itself: when the lease is lost
         // (expired, or etcd silent for a TTL), both go, and the node joins

@@ -12,8 +12,18 @@
 //! etcd never holds up the drain: every call here runs on its own task
 //! with a timeout, and the drain waits for this one only within a bound
 //! it gives.
+//!
+//! Nor does an etcd out of reach let an HA workload outlive the lease: the
+//! drain keeps the fence deadline (`t_send + TTL − margin`, from the
+//! daemon's last one and moved by each keep-alive the drain gets answered)
+//! and, when it passes, stops every HA workload still running at once,
+//! whatever its place in the drain order. A peer starts a workload no
+//! earlier than the key's expiry plus its stop bound, so a stop begun by
+//! the deadline is over before then.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -22,19 +32,65 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::keys::{Keys, NodeState, Owner};
-use super::presence::{self, json};
-use crate::config::{ClusterSettings, Loaded};
+use super::presence::{self, LeaseClock, boottime, json};
+use crate::config::{ClusterSettings, Loaded, Workload};
 use crate::events::Events;
 use crate::paths::Root;
-use crate::state::drain_report::StopResult;
+use crate::state::drain_report::{Report, StopResult};
+use crate::systemd::Ops;
 
 /// How long one etcd call may take during the drain.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs the drain, in cluster mode with its [`Release`] beside it: owner
+/// keys released as workloads go down, HA workloads fenced at the lease
+/// deadline. Waits for etcd's last answers until `etcd_until` (given
+/// when the drain is over) at the latest.
+pub async fn drain<O: Ops>(
+    ops: &O,
+    root: &Root,
+    loaded: &Loaded,
+    events: &Events,
+    began: Instant,
+    etcd_until: impl FnOnce() -> Instant,
+) -> Report {
+    let Some(release) = Release::begin(root, loaded, events) else {
+        return crate::drain::run(ops, root, loaded, events, began).await;
+    };
+    let report = {
+        let drained = crate::drain::run_telling(ops, root, loaded, events, began, Some(release.teller()));
+        let fenced = release.fence_at_deadline(ops, root, events);
+        tokio::pin!(drained, fenced);
+        let report = tokio::select! {
+            report = &mut drained => report,
+            never = &mut fenced => match never {},
+        };
+        // An HA workload the drain could not stop (a stop that failed) is
+        // still fenced at the deadline, within the drain's own budget.
+        let ha_up = report
+            .workloads
+            .iter()
+            .any(|w| !w.outcome.is_down() && release.ha_workloads.iter().any(|h| h.name == w.workload));
+        if ha_up {
+            let budget = began + Duration::from_secs(loaded.host.drain_deadline_s);
+            let _ = tokio::time::timeout_at(budget, &mut fenced).await;
+        }
+        report
+    };
+    release.finish(etcd_until(), events).await;
+    report
+}
 
 /// A drain's cluster session; feed it each result as the drain gets it.
 pub struct Release {
     tell: UnboundedSender<StopResult>,
     task: JoinHandle<()>,
+    /// The fence deadline, CLOCK_BOOTTIME ms; 0 when none is known.
+    deadline: Arc<AtomicU64>,
+    /// The node's HA workloads, which the fence stops.
+    ha_workloads: Vec<Workload>,
+    /// The lease the drain speaks for.
+    lease: i64,
 }
 
 impl Release {
@@ -59,7 +115,21 @@ impl Release {
                 return None;
             }
         };
+        // A daemon stopped on purpose left the node's presence and keys
+        // on its maintenance lease: the drain speaks for that one. Some
+        // keys may still be on the live lease (a move that failed), so
+        // the daemon's deadline, the earlier of the two, is as far as it
+        // goes.
+        let maintenance = super::maintenance::maintenance_lease(&root.state_dir(), &boot);
+        let lease = maintenance.unwrap_or(lease);
+        // The daemon's last deadline holds until the drain's own
+        // keep-alives move it.
+        let known = super::fence::read_deadline(&root.runtime_dir());
+        let deadline = Arc::new(AtomicU64::new(known.map_or(0, |d| d.as_millis() as u64)));
+        let cap = maintenance.and(known);
         let session = Session {
+            deadline: deadline.clone(),
+            cap,
             keys: Keys::new(&settings.prefix),
             node,
             lease,
@@ -70,11 +140,51 @@ impl Release {
         };
         let (tell, results) = unbounded_channel();
         let task = tokio::spawn(session.run(results));
-        Some(Release { tell, task })
+        let ha_workloads = loaded
+            .workloads
+            .iter()
+            .filter(|w| w.ha.is_some())
+            .cloned()
+            .collect();
+        Some(Release {
+            tell,
+            task,
+            deadline,
+            ha_workloads,
+            lease,
+        })
     }
 
     pub fn teller(&self) -> UnboundedSender<StopResult> {
         self.tell.clone()
+    }
+
+    /// Once the fence deadline passed, stops every HA workload still
+    /// running, and looks again every second (a stop that failed is
+    /// tried again); never returns. No deadline known (the runtime
+    /// directory lost it) is one already passed: the lease may be
+    /// expiring now.
+    pub async fn fence_at_deadline<O: Ops>(
+        &self,
+        ops: &O,
+        root: &Root,
+        events: &Events,
+    ) -> std::convert::Infallible {
+        const LOOK: Duration = Duration::from_secs(1);
+        // The deadline is on CLOCK_BOOTTIME, which a suspend moves on and
+        // tokio's clock does not: passed when either says so.
+        let (base, base_boot) = (Instant::now(), boottime());
+        loop {
+            let ms = self.deadline.load(Ordering::Relaxed);
+            let at = base + Duration::from_millis(ms).saturating_sub(base_boot);
+            if Instant::now() >= at || boottime().as_millis() as u64 >= ms {
+                // Ahead of the drain order: it says so, with each outcome.
+                super::fence::fence_now(ops, root, &self.ha_workloads, events, true).await;
+                tokio::time::sleep(LOOK).await;
+            } else {
+                tokio::time::sleep_until(at.min(Instant::now() + LOOK)).await;
+            }
+        }
     }
 
     /// The drain is done: what is left is released and `drained` is
@@ -84,12 +194,18 @@ impl Release {
         let mut task = self.task;
         if tokio::time::timeout_at(until, &mut task).await.is_err() {
             task.abort();
-            events.warn("cluster: etcd did not answer in time; keys left to expire with the lease");
+            events.warn(&format!(
+                "cluster: etcd did not answer in time; keys left to expire with lease {:x}",
+                self.lease
+            ));
         }
     }
 }
 
 struct Session {
+    deadline: Arc<AtomicU64>,
+    /// The furthest the deadline may move (the maintenance lease's).
+    cap: Option<Duration>,
     settings: ClusterSettings,
     keys: Keys,
     node: String,
@@ -111,7 +227,9 @@ impl Session {
         let keeper = tokio::spawn(keep_alive_by_id(
             client.clone(),
             self.lease,
-            self.settings.keep_alive_interval(),
+            self.settings.clone(),
+            self.deadline.clone(),
+            self.cap,
         ));
         // Unannounced, a release could hand a workload straight back to
         // this node (its presence still says up): nothing is released.
@@ -217,7 +335,15 @@ impl Session {
 
 /// Keeps `lease` alive while the drain runs: any client may, by id. A
 /// broken stream is opened again; a lease etcd no longer has ends it.
-async fn keep_alive_by_id(mut client: Client, lease: i64, every: Duration) {
+/// Each answer moves the fence `deadline` on, never past `cap`.
+async fn keep_alive_by_id(
+    mut client: Client,
+    lease: i64,
+    settings: ClusterSettings,
+    deadline: Arc<AtomicU64>,
+    cap: Option<Duration>,
+) {
+    let (every, margin) = (settings.keep_alive_interval(), settings.fence_margin());
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -231,19 +357,118 @@ async fn keep_alive_by_id(mut client: Client, lease: i64, every: Duration) {
                     continue;
                 }
             };
+        // A new stream answers only what is sent on it.
+        let mut clock = LeaseClock::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
+                    let sent = boottime();
                     if keeper.keep_alive().await.is_err() {
                         break;
                     }
+                    clock.sent(sent);
                 }
                 answer = stream.message() => match answer {
                     Ok(Some(r)) if r.ttl() <= 0 => return,
-                    Ok(Some(_)) => {}
+                    Ok(Some(r)) => {
+                        if let Some(d) = clock.acknowledged(r.ttl(), margin) {
+                            let d = cap.map_or(d, |c| d.min(c));
+                            deadline.fetch_max(d.as_millis() as u64, Ordering::Relaxed);
+                        }
+                    }
                     _ => break,
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drain::tests::setup;
+    use crate::systemd::fake::{Behaviour, FakeOps};
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// A node whose daemon was stopped on purpose has its presence and
+    /// keys on the maintenance lease: the drain announced and released on
+    /// the revoked live lease, and so released nothing.
+    #[tokio::test(start_paused = true)]
+    async fn in_maintenance_the_drain_speaks_for_the_maintenance_lease() {
+        let (_d, root, loaded) = setup(
+            "[cluster]\nendpoints = [\"http://127.0.0.1:9\"]\nnode = \"n1\"",
+            &[("db", "ha = true\nnodes = [\"n1\", \"n2\"]")],
+        );
+        let boot = crate::state::runs::boot_id().unwrap();
+        std::fs::create_dir_all(root.state_dir()).unwrap();
+        std::fs::write(
+            presence::lease_record_path(&root.state_dir()),
+            format!("{{\"lease_id\": 7, \"boot_id\": \"{boot}\"}}"),
+        )
+        .unwrap();
+        let events = Events::new("test");
+        let live = Release::begin(&root, &loaded, &events).unwrap();
+        assert_eq!(live.lease, 7);
+        std::fs::write(
+            super::super::maintenance::record_path(&root.state_dir()),
+            format!("{{\"lease_id\": 9, \"boot_id\": \"{boot}\"}}"),
+        )
+        .unwrap();
+        let held = Release::begin(&root, &loaded, &events).unwrap();
+        assert_eq!(held.lease, 9);
+        // A maintenance record of an earlier boot is not this node's now.
+        std::fs::write(
+            super::super::maintenance::record_path(&root.state_dir()),
+            "{\"lease_id\": 9, \"boot_id\": \"another boot\"}",
+        )
+        .unwrap();
+        assert_eq!(Release::begin(&root, &loaded, &events).unwrap().lease, 7);
+    }
+
+    /// Review of issue 13: with etcd out of reach, an HA workload late in
+    /// the drain order went on running past the lease's expiry, and a
+    /// peer could start it after the stop bound while it still ran here.
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_etcd_fences_ha_workloads_at_the_lease_deadline() {
+        let (_d, root, loaded) = setup(
+            // Nothing listens on port 9 of this host: refused at once.
+            "drain_deadline_s = 120\n[cluster]\nendpoints = [\"http://127.0.0.1:9\"]\nnode = \"n1\"",
+            &[
+                ("db", "order = 0\nha = true\nnodes = [\"n1\", \"n2\"]"),
+                ("web", "order = 10\nstop_delay_s = 60"),
+            ],
+        );
+        let boot = crate::state::runs::boot_id().unwrap();
+        std::fs::create_dir_all(root.state_dir()).unwrap();
+        std::fs::write(
+            presence::lease_record_path(&root.state_dir()),
+            format!("{{\"lease_id\": 7, \"boot_id\": \"{boot}\"}}"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.runtime_dir()).unwrap();
+        super::super::fence::write_deadline(&root.runtime_dir(), boottime() + 5 * SEC);
+        let ops = FakeOps::default().unit("db", true, Behaviour::Takes(SEC)).unit(
+            "web",
+            true,
+            Behaviour::Takes(30 * SEC),
+        );
+        let began = Instant::now();
+        let events = Events::new("test");
+        let report = drain(&ops, &root, &loaded, &events, began, || Instant::now() + 5 * SEC).await;
+        let (db_began, _) = ops.span("db", "stop");
+        assert!(
+            db_began - began <= 5 * SEC,
+            "db was stopped {:?} into the drain, past its lease deadline at 5 s",
+            db_began - began
+        );
+        let (web_began, _) = ops.span("web", "stop");
+        assert!(web_began - began < SEC, "the drain order is otherwise kept");
+        assert!(report.workloads.iter().all(|w| w.outcome.is_down()), "{report:?}");
+        let db = crate::state::records::load(&root, "db").unwrap().unwrap();
+        assert_eq!(
+            db.last_transition_reason,
+            crate::state::records::TransitionReason::Fence
+        );
     }
 }

@@ -33,6 +33,8 @@ pub struct Context {
     /// The fence deadline: nothing is taken unless it is ahead.
     pub state: Arc<LeaseState>,
     pub events: Events,
+    /// Where ownership changes are told (`/v1/events`).
+    pub api: Option<Arc<crate::api::Shared>>,
 }
 
 /// The stop bound of each HA workload, from its live unit: a workload
@@ -139,6 +141,7 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
                                     view.presence_put(n, kv.value());
                                 }
                             } else if let Some(w) = keys.name_in(&keys.owners(), key) {
+                                tell_owner(&ctx, w, deleted, kv);
                                 if deleted {
                                     let fallback = locals.iter().find(|l| l.name == w).map_or(0, |l| l.stop_bound_s);
                                     let last = ev.prev_kv().map(|p| p.value());
@@ -157,6 +160,21 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
             }
         }
     }
+}
+
+/// Tells `/v1/events` of an owner key's change.
+fn tell_owner(ctx: &Context, workload: &str, deleted: bool, kv: &etcd_client::KeyValue) {
+    let Some(api) = &ctx.api else { return };
+    let owner = (!deleted)
+        .then(|| serde_json::from_slice::<Owner>(kv.value()).ok())
+        .flatten();
+    api.owner_changed(crate::api::OwnerChange {
+        workload: workload.to_string(),
+        owner: owner.as_ref().map(|o| o.node.clone()),
+        lease: (!deleted).then(|| format!("{:x}", kv.lease())),
+        stop_bound_s: owner.map(|o| o.stop_bound_s),
+        revision: kv.mod_revision(),
+    });
 }
 
 /// Says that an owner key went, and how long its takers wait.

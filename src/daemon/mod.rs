@@ -193,7 +193,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     // Cluster mode: the agent's own thread joins and keeps the lease.
     let cluster = crate::state::runs::boot_id().ok().and_then(|boot| {
         let frozen = crate::state::freeze::node_frozen(&root).is_some();
-        crate::cluster::start_agent(&root, &loaded, boot, frozen)
+        crate::cluster::start_agent(&root, &loaded, boot, frozen, api.clone())
     });
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);

@@ -20,12 +20,17 @@
 # - etcd down for everyone: the owner fences, and starts db again once
 #   etcd is back and its key is confirmed; the other node takes nothing;
 # - the whole root of the owner killed: the last node takes db only after
-#   the lease expired and the stop bound in the key ran out.
+#   the lease expired and the stop bound in the key ran out;
+# - the last owner (n3) powered off while cut off from etcd: its drain
+#   stops db at the lease deadline, ahead of a slow workload the drain
+#   order puts first (a peer could start db after the lease and the stop
+#   bound, whatever the drain's order).
 # Every start and stop of db is timestamped by the workload (one kernel
 # clock), so "never both running" is read off the logs of all nodes.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 28-cluster-ha
 source "$(dirname "$0")/../etcd.sh"
+source "$(dirname "$0")/../ha.sh"
 trap 'rc=$?; cluster_cleanup; (exit $rc); scenario_end' EXIT
 
 TTL=5
@@ -47,53 +52,16 @@ maintenance_grace_period_s = $GRACE
 EOF
     printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
         "$STOP_DELAY" >"$dir/workloads/db.toml"
+    # On n3 only: a workload whose stop takes 8 s, drained before db.
+    [ "$1" != n3 ] || printf 'exec = ["/opt/berth-test/workload", "slow", "slow"]\norder = 10\n' \
+        >"$dir/workloads/slow.toml"
     echo "$dir"
 }
-for n in n1 n2 n3; do
+HA_NODES=(n1 n2 n3)
+for n in "${HA_NODES[@]}"; do
     relay_start "$n"
     node_boot "$n" "$(config_for "$n")"
 done
-
-owner_field() {
-    etcdctl get /berth/owners/db --print-value-only \
-        | python3 -c 'import json, sys; t = sys.stdin.read().strip(); print(json.loads(t)[sys.argv[1]] if t else "")' "$1"
-}
-owner() { owner_field node; }
-# running_on: the nodes (among those given, default all three) where db is active.
-running_on() {
-    local n out= nodes=("$@")
-    [ $# -gt 0 ] || nodes=(n1 n2 n3)
-    for n in "${nodes[@]}"; do
-        [ "$(on "$n" systemctl is-active berth@db.service 2>/dev/null)" = active ] && out="$out$n "
-    done
-    echo "${out% }"
-}
-is_running_on() { [ "$(running_on "${@:2}")" = "$1" ]; }
-has_owner() { [ "$(owner)" = "$1" ]; }
-db_pid() { on "$1" systemctl show -P MainPID berth@db.service; }
-# ev NODE EVENT [N]: the time of the Nth-last EVENT (start, stop-end) in
-# NODE's db log.
-ev() { awk -v e="$2" '$1 == e { t = $2 } END { print t }' "${NODE_DIR[$1]}/out/db.log" 2>/dev/null; }
-# daemon_log NODE: its daemon's journal of this boot (fails when unreadable).
-daemon_log() { on "$1" journalctl -b -u berth-daemon.service -o cat --no-pager; }
-# count_in NODE TEXT: lines of NODE's daemon log with TEXT; "unreadable" when
-# the journal cannot be read (so that a comparison fails, not passes).
-count_in() {
-    local log
-    log=$(daemon_log "$1") || { echo unreadable; return; }
-    grep -cF -- "$2" <<<"$log" || true
-}
-took() { count_in "$1" 'cluster: took db'; }
-# db_down_on NODE: db's unit is inactive or failed there (not merely "not
-# known to be active": a failed nsenter must not pass).
-db_down_on() {
-    case "$(on "$1" systemctl is-active berth@db.service 2>/dev/null)" in
-        inactive | failed) return 0 ;;
-    esac
-    return 1
-}
-# says_more NODE TEXT BEFORE: NODE's daemon log has more lines with TEXT.
-says_more() { local n; n=$(count_in "$1" "$2"); [ "$n" != unreadable ] && [ "$n" -gt "$3" ]; }
 
 # The first candidate takes db. Nobody saw a previous owner let go, so it
 # waits one stop bound from its join before it takes.
@@ -105,6 +73,23 @@ check_contains "... recorded as taken (ha-take)" '"last_transition_reason": "ha-
     "$(on n1 cat /var/lib/berth/records/db.json)"
 check_eq "n2 and n3 took nothing" "0 0" "$(took n2) $(took n3)"
 check_eq "db runs on n1 only" n1 "$(running_on)"
+
+# What the nodes show of it: berth status, berth list, /v1/cluster.
+status=$(on n2 berth status)
+check_contains "berth status on n2 shows n1 as db's owner" "owner of db: n1 (lease $(lease_of /berth/nodes/n1 | xargs printf '%x'), stop bound $BOUND s" "$status"
+check_contains "... n1 up, with its lease's age" "node n1: up, lease $(lease_of /berth/nodes/n1 | xargs printf '%x') renewed" "$status"
+check_contains "... and n2's own fence deadline ahead" "fence deadline: in " "$status"
+check "berth list on n3 has an OWNER column with n1 for db" \
+    bash -c '[[ $(nsenter -t "$1" -a berth list | grep "^db ") =~ \ n1$ ]]' _ "${NODE_PID[n3]}"
+api() { curl -s --max-time 5 --unix-socket "/proc/${NODE_PID[$1]}/root/run/berthd/api.sock" "http://berth$2"; }
+# cluster_view EXPR: a Python expression on the view (v) that must hold.
+cluster_view() {
+    api n3 /v1/cluster | python3 -c 'import json, sys; v = json.load(sys.stdin); sys.exit(not eval(sys.argv[1]))' "$1"
+}
+check "/v1/cluster on n3 shows db owned by n1 (gathered again once read)" \
+    wait_for 10 cluster_view '[(o["workload"], o["node"]) for o in v["owners"]] == [("db", "n1")]'
+check "... and the three peers up, each with its lease's age" \
+    cluster_view '[(p["node"], p["state"], p["lease_age_s"] is not None) for p in v["peers"]] == [("n1", "up", True), ("n2", "up", True), ("n3", "up", True)]'
 
 # A restart of every daemon moves nothing: each hands its keys to a
 # maintenance lease on the way out and takes them back at its join. The
@@ -204,6 +189,11 @@ check_eq "... db runs on n1 only, owned by n1" "n1 n1" "$(running_on) $(owner)"
 # The owner (n1) powers off: its drain stops db, releases the key at once,
 # and the next qualifying candidate (n2) starts db, well before n1's
 # lease (5 s) would have expired.
+# n3 follows ownership on its API's event stream meanwhile.
+curl -sN --max-time 120 --unix-socket "/proc/${NODE_PID[n3]}/root/run/berthd/api.sock" \
+    http://berth/v1/events >"$HARNESS_DIR/run/28-events" 2>/dev/null &
+events_pid=$!
+sleep 1
 node_use n1
 ct_poweroff 60
 check "n1 powered off: n2 takes db" wait_for 30 is_running_on n2 n2 n3
@@ -218,6 +208,19 @@ drain_log=$(ct_journal -u berth-drain.service -o cat)
 check_contains "n1's drain released db" "cluster: released db: it is down" "$drain_log"
 check_contains "... and announced drained" "cluster: n1 announced drained" "$drain_log"
 check_contains "n1's last state is drained" '"state":"drained"' "$(etcdctl get /berth/last-state/n1 --print-value-only)"
+owner_seen() { grep -A1 '^event: OWNER' "$HARNESS_DIR/run/28-events" | grep -qF '"workload":"db","owner":"n2"'; }
+check "n3's /v1/events told n2's take of db" wait_for 10 owner_seen
+check "... after n1's release: its key put with a stop bound of zero, then deleted" \
+    python3 - "$HARNESS_DIR/run/28-events" "$BOUND" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+events = [json.loads(lines[i + 1][6:]) for i, line in enumerate(lines)
+          if line == "event: OWNER" and i + 1 < len(lines) and lines[i + 1].startswith("data: ")]
+seq = [(e["owner"], e["stop_bound_s"]) for e in events if e["workload"] == "db"]
+print(seq)
+assert seq[:3] == [("n1", 0), (None, None), ("n2", int(sys.argv[2]))], seq
+PY
+kill "$events_pid" 2>/dev/null || true
 
 # etcd down for the whole cluster: the owner (n2) fences; when etcd is
 # back (its leader restores every lease with a fresh TTL) n2 confirms its
@@ -280,5 +283,19 @@ PY
 }
 check "db never ran on two nodes at once (every run on every node, by timestamps)" never_both
 
+# n3, db's owner, powers off cut off from etcd. Its drain stops slow first
+# (order 10, 8 s) and db after it, but db's key expires with n3's lease
+# whatever the drain's order: db is stopped at the lease deadline, while
+# slow is still stopping.
 node_use n3
-ct_poweroff 60
+cut=$(date +%s.%N)
+kill -STOP "${RELAY_PID[n3]}"
+ct_poweroff 90
+db_stop=$(ev n3 stop-begin)
+slow_end=$(awk '$1 == "stop-end" { t = $2 } END { print t }' "${NODE_DIR[n3]}/out/slow.log" 2>/dev/null || true)
+check "n3 powered off cut off from etcd: its drain stopped db within TTL - margin + 1 s of the cut ($(python3 -c "print(round($db_stop - $cut, 2))") s)" \
+    python3 -c "import sys; sys.exit(not (0 < $db_stop - $cut <= $TTL - 2 + 1))"
+check "... ahead of the drain order: slow, drained first, was still stopping ($db_stop < ${slow_end:-none})" \
+    python3 -c "import sys; sys.exit(not ($db_stop < ${slow_end:-0}))"
+check_contains "... and said so" "fence: the lease deadline passed with no keep-alive acknowledged; stopping db" \
+    "$(ct_journal -u berth-drain.service -o cat)"
