@@ -391,6 +391,18 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
+    /// Records `lease` as the daemon's of this boot; the boot id.
+    fn lease_of_this_boot(root: &Root, lease: i64) -> String {
+        let boot = crate::state::runs::boot_id().unwrap();
+        std::fs::create_dir_all(root.state_dir()).unwrap();
+        std::fs::write(
+            presence::lease_record_path(&root.state_dir()),
+            format!("{{\"lease_id\": {lease}, \"boot_id\": \"{boot}\"}}"),
+        )
+        .unwrap();
+        boot
+    }
+
     /// A node whose daemon was stopped on purpose has its presence and
     /// keys on the maintenance lease: the drain announced and released on
     /// the revoked live lease, and so released nothing.
@@ -400,13 +412,7 @@ mod tests {
             "[cluster]\nendpoints = [\"http://127.0.0.1:9\"]\nnode = \"n1\"",
             &[("db", "ha = true\nnodes = [\"n1\", \"n2\"]")],
         );
-        let boot = crate::state::runs::boot_id().unwrap();
-        std::fs::create_dir_all(root.state_dir()).unwrap();
-        std::fs::write(
-            presence::lease_record_path(&root.state_dir()),
-            format!("{{\"lease_id\": 7, \"boot_id\": \"{boot}\"}}"),
-        )
-        .unwrap();
+        let boot = lease_of_this_boot(&root, 7);
         let events = Events::new("test");
         let live = Release::begin(&root, &loaded, &events).unwrap();
         assert_eq!(live.lease, 7);
@@ -439,13 +445,7 @@ mod tests {
                 ("web", "order = 10\nstop_delay_s = 60"),
             ],
         );
-        let boot = crate::state::runs::boot_id().unwrap();
-        std::fs::create_dir_all(root.state_dir()).unwrap();
-        std::fs::write(
-            presence::lease_record_path(&root.state_dir()),
-            format!("{{\"lease_id\": 7, \"boot_id\": \"{boot}\"}}"),
-        )
-        .unwrap();
+        lease_of_this_boot(&root, 7);
         std::fs::create_dir_all(root.runtime_dir()).unwrap();
         super::super::fence::write_deadline(&root.runtime_dir(), boottime() + 5 * SEC);
         let ops = FakeOps::default().unit("db", true, Behaviour::Takes(SEC)).unit(

@@ -290,7 +290,8 @@ pub fn text(v: &ClusterView) -> String {
             let ha: Vec<String> = p.ha.iter().map(|h| e(h)).collect();
             out.push_str(&format!(", HA: {}", ha.join(" ")));
         }
-        if let Some(last) = &p.last_state {
+        // Said only when it tells more than the state does.
+        if let Some(last) = p.last_state.as_ref().filter(|l| **l != p.state) {
             out.push_str(&format!(" (last state {last})"));
         }
         out.push('\n');
@@ -415,6 +416,11 @@ mod tests {
                 lease: 0,
             },
             Read {
+                key: "/berth/last-state/n1",
+                value: br#"{"state":"up","boot_id":"b1","at":"T"}"#,
+                lease: 0,
+            },
+            Read {
                 key: "/berth/last-state/n3",
                 value: drained,
                 lease: 0,
@@ -454,7 +460,7 @@ mod tests {
             peers,
             [
                 ("ev\u{1b}il", "unreadable", None, false, None),
-                ("n1", "up", Some(1), true, None),
+                ("n1", "up", Some(1), true, Some("up")),
                 ("n2", "maintenance", Some(6), false, None),
                 ("n3", "absent", None, true, Some("drained")),
             ]
