@@ -41,18 +41,16 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     let live = with_systemd(root, |sd| async move { Ok(live_workloads(&sd, &listing).await) })
         .ok()
         .flatten();
-    // Cluster mode: each HA workload's owner, as etcd tells it now.
+    // Cluster mode: each HA workload's owner, as etcd tells it now (no
+    // lease TTLs: only the owners are shown).
     let owners: Option<Result<HashMap<String, String>, String>> =
         loaded.host.cluster.as_ref().map(|settings| {
-            super::block_on(crate::cluster::view::ask(settings, &root.runtime_dir()))
-                .map_err(|e| format!("{e:#}"))
-                .and_then(|r| r)
-                .map(|v| {
-                    v.owners
-                        .into_iter()
-                        .filter_map(|o| Some((o.workload, o.node?)))
-                        .collect()
-                })
+            super::ask_cluster(root, settings, false).map(|v| {
+                v.owners
+                    .into_iter()
+                    .filter_map(|o| Some((o.workload, o.node?)))
+                    .collect()
+            })
         });
     // Sets and maps, not searches of lists: those were quadratic.
     let mut names: BTreeSet<String> = loaded.workloads.iter().map(|w| w.name.clone()).collect();

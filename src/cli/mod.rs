@@ -275,6 +275,22 @@ fn block_on<T>(future: impl Future<Output = T>) -> anyhow::Result<T> {
     Ok(rt.block_on(future))
 }
 
+/// The cluster as etcd tells it now, for `status` and `list` (a bounded
+/// wait); `lease_ttls` asks each node lease's TTL too.
+fn ask_cluster(
+    root: &Root,
+    settings: &crate::config::ClusterSettings,
+    lease_ttls: bool,
+) -> Result<crate::cluster::view::ClusterView, String> {
+    block_on(crate::cluster::view::ask(
+        settings,
+        &root.runtime_dir(),
+        lease_ttls,
+    ))
+    .map_err(|e| format!("{e:#}"))
+    .and_then(|r| r)
+}
+
 /// Connects to `root`'s manager and runs `f` with the connection.
 fn with_systemd<T, Fut>(root: &Root, f: impl FnOnce(Systemd) -> Fut) -> anyhow::Result<T>
 where

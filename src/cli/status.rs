@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{block_on, say, with_systemd};
+use super::{ask_cluster, say, with_systemd};
 use crate::cluster::view::{self, ClusterView};
 use crate::paths::{Manager, Root, UserEnvError};
 use crate::status::{self, Unreachable};
@@ -38,13 +38,8 @@ pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool
 
 /// In cluster mode, the cluster as etcd tells it now (bounded wait).
 fn cluster(root: &Root) -> Option<Result<ClusterView, String>> {
-    let loaded = crate::config::load(root);
-    let settings = loaded.host.cluster?;
-    Some(
-        block_on(view::ask(&settings, &root.runtime_dir()))
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|r| r),
-    )
+    let settings = crate::config::load(root).host.cluster?;
+    Some(ask_cluster(root, &settings, true))
 }
 
 fn live(root: &Root) -> Result<serde_json::Map<String, Value>, Unreachable> {

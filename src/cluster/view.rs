@@ -166,13 +166,15 @@ pub fn fence_deadline_in_ms(runtime_dir: &std::path::Path) -> Option<i64> {
     Some(d.as_millis() as i64 - boottime().as_millis() as i64)
 }
 
-/// Reads the view from etcd: one listing of the prefix, then the TTL of
-/// each node key's lease (all at once); within [`GATHER_TIMEOUT`].
+/// Reads the view from etcd: a bounded listing of each of berth's
+/// directories, then, with `lease_ttls`, the TTL of each node key's lease
+/// (a few at once); within [`GATHER_TIMEOUT`].
 pub async fn gather(
     client: &mut Client,
     settings: &ClusterSettings,
     node: &str,
     runtime_dir: &std::path::Path,
+    lease_ttls: bool,
 ) -> Result<ClusterView, ClusterError> {
     let keys = Keys::new(&settings.prefix);
     let gathering = async {
@@ -213,7 +215,7 @@ pub async fn gather(
             .collect();
         let leases: BTreeSet<i64> = reads
             .iter()
-            .filter(|r| keys.name_in(&keys.nodes(), r.key).is_some() && r.lease != 0)
+            .filter(|r| lease_ttls && keys.name_in(&keys.nodes(), r.key).is_some() && r.lease != 0)
             .map(|r| r.lease)
             .take(MAX_LEASES)
             .collect();
@@ -245,13 +247,17 @@ pub async fn gather(
 }
 
 /// Connects and gathers, for a command run once.
-pub async fn ask(settings: &ClusterSettings, runtime_dir: &std::path::Path) -> Result<ClusterView, String> {
+pub async fn ask(
+    settings: &ClusterSettings,
+    runtime_dir: &std::path::Path,
+    lease_ttls: bool,
+) -> Result<ClusterView, String> {
     let node = super::node_name(settings)?;
     let mut client = tokio::time::timeout(GATHER_TIMEOUT, super::presence::connect(settings))
         .await
         .map_err(|_| "etcd did not answer in time".to_string())?
         .map_err(|e| e.to_string())?;
-    gather(&mut client, settings, &node, runtime_dir)
+    gather(&mut client, settings, &node, runtime_dir, lease_ttls)
         .await
         .map_err(|e| e.to_string())
 }
@@ -356,7 +362,7 @@ async fn keep(
                     .and_then(Result::ok);
             }
             let gathered = match client.as_mut() {
-                Some(c) => gather(c, &settings, &node, &runtime_dir).await,
+                Some(c) => gather(c, &settings, &node, &runtime_dir, true).await,
                 None => Err(ClusterError::Etcd("cannot connect".into())),
             };
             match gathered {
