@@ -65,6 +65,9 @@ for i in $(seq "$RUNS"); do
     wait_for 30 runs_on "$t" || die "run $i: $t did not take db after $o's power-off"
     released+=("$(python3 -c "print($(last "$t" start) - $(last "$o" stop-end))")")
     boot "$o"
+    # Its rejoin over (it heard its peer), before that peer is killed: a
+    # node that boots while its peer is missing waits the rejoin grace.
+    wait_for 30 on "$o" test -e /run/berthd/cluster-rejoined || die "run $i: $o did not finish its rejoin"
     # Root kill of the new owner.
     k=$(date +%s.%N)
     kill -9 "${NODE_PID[$t]}"

@@ -10,7 +10,7 @@ use crate::config;
 use crate::names::{AUTOSTART, DAEMON, DRAIN, TARGET};
 use crate::paths::{Manager, Root, unit_dirs};
 use crate::state::drain_report;
-use crate::state::freeze::{self, Scope};
+use crate::state::freeze;
 use crate::systemd::{ActiveState, Ops, SystemdError};
 use crate::time::parse_rfc3339;
 
@@ -176,32 +176,29 @@ fn daemon_health(root: &Root, loaded: &config::Loaded, active: bool) -> Value {
     })
 }
 
+/// The node's freeze (scope `node` or `cluster`) and the workloads' own
+/// (`instance` or `object`), each with `frozen_at`, its reason and, for an
+/// adopted one, the node that took it.
 fn frozen(root: &Root, loaded: &config::Loaded) -> Value {
-    if freeze::cmdline_freeze(&freeze::kernel_command_line()) {
-        return json!({"frozen_scope": "node", "frozen_at": null, "reason": "berth.freeze on the kernel command line"});
-    }
-    if let Ok(Some(f)) = freeze::read(&freeze::node_flag(root), Scope::Node, None) {
-        return json!({"frozen_scope": "node", "frozen_at": f.frozen_at, "reason": f.reason});
-    }
+    let all = freeze::all(root);
     let instances: Vec<Value> = loaded
         .workloads
         .iter()
         .filter_map(|w| {
-            freeze::read(
-                &freeze::instance_flag(root, &w.name),
-                Scope::Instance,
-                Some(&w.name),
-            )
-            .ok()
-            .flatten()
-            .map(|f| json!({"workload": w.name, "frozen_at": f.frozen_at, "reason": f.reason}))
+            let mut v = all.instances.get(&w.name)?.summary();
+            v["workload"] = json!(w.name);
+            Some(v)
         })
         .collect();
-    if instances.is_empty() {
-        json!({"frozen_scope": null})
-    } else {
-        json!({"frozen_scope": "instance", "instances": instances})
+    let mut v = match &all.node {
+        Some(node) => node.summary(),
+        None if instances.is_empty() => return json!({"frozen_scope": null}),
+        None => json!({"frozen_scope": "instance"}),
+    };
+    if !instances.is_empty() {
+        v["instances"] = Value::Array(instances);
     }
+    v
 }
 
 fn last_drain(root: &Root) -> Value {

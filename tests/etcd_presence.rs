@@ -480,3 +480,69 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
         assert!(!maintenance::record_path(state_dir.path()).exists());
     });
 }
+
+/// Issue 14: `berth freeze --cluster` puts a key taken by this node
+/// (re-freezing keeps frozen_at), `berth thaw --cluster` deletes it, and
+/// `berth cluster forget` removes a member only when it has no presence.
+#[test]
+fn admin_freeze_thaw_and_forget() {
+    use berth::cluster::admin::{self, Forgot};
+    use berth::cluster::keys::ClusterFreeze;
+    let Some(etcd) = etcd() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = settings(&etcd.url, 3);
+        let mut client = connected(&s).await;
+        let keys = Keys::new("/berth/");
+
+        let (first, rev1) = admin::freeze(&s, "n1", None, "upgrade").await.unwrap();
+        let (text, lease) = value(&mut client, &keys.cluster_freeze()).await.unwrap();
+        assert_eq!(lease, 0, "a freeze outlives any node");
+        let stored: ClusterFreeze = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (stored.taken_by.as_str(), stored.reason.as_str()),
+            ("n1", "upgrade")
+        );
+        assert_eq!(stored, first);
+        // Taken again, by another node: a new revision, the first time kept.
+        let (again, rev2) = admin::freeze(&s, "n2", None, "still").await.unwrap();
+        assert!(rev2 > rev1);
+        assert_eq!(
+            (again.taken_by.as_str(), again.frozen_at.as_str()),
+            ("n2", first.frozen_at.as_str())
+        );
+        admin::freeze(&s, "n1", Some("db"), "").await.unwrap();
+        assert!(value(&mut client, &keys.object_freeze("db")).await.is_some());
+        assert!(admin::thaw(&s, None).await.unwrap());
+        assert!(!admin::thaw(&s, None).await.unwrap(), "nothing left to thaw");
+        assert!(value(&mut client, &keys.cluster_freeze()).await.is_none());
+        assert!(
+            value(&mut client, &keys.object_freeze("db")).await.is_some(),
+            "the object freeze stays"
+        );
+
+        // forget: refused while n2 has a presence, done once it has none.
+        let state_dir = tempfile::tempdir().unwrap();
+        let joined = presence::join(
+            &mut client,
+            &s,
+            "n2",
+            "boot-a",
+            state_dir.path(),
+            BTreeMap::new(),
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(admin::forget(&s, "n2").await.unwrap(), Forgot::Present);
+        assert!(value(&mut client, &keys.member("n2")).await.is_some());
+        client.lease_revoke(joined.lease_id).await.unwrap();
+        assert_eq!(admin::forget(&s, "n2").await.unwrap(), Forgot::Done(true));
+        assert!(value(&mut client, &keys.member("n2")).await.is_none());
+        assert!(value(&mut client, &keys.last_state("n2")).await.is_none());
+        assert_eq!(admin::forget(&s, "n2").await.unwrap(), Forgot::Done(false));
+    });
+}

@@ -269,6 +269,43 @@ fn freeze_refuses_a_typo_unless_forced() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
+/// Issue 14: the cluster's verbs outside cluster mode are runtime errors
+/// naming the missing section; a bad name is a usage error.
+#[test]
+fn cluster_verbs_without_a_cluster_and_with_bad_names() {
+    let (root, _) = root_with_web();
+    for args in [
+        &["freeze", "--cluster"][..],
+        &["freeze", "web", "--cluster"],
+        &["thaw", "--cluster"],
+        &["cluster", "forget", "n3"],
+    ] {
+        let o = run(berth_bin(), args, Some(root.path()));
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no valid [cluster] section in berth.toml"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    for args in [
+        &["freeze", "a/b", "--cluster"][..],
+        &["thaw", "../x", "--cluster"],
+        &["cluster", "forget", "n/3"],
+    ] {
+        let o = run(berth_bin(), args, Some(root.path()));
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    }
+    // A typo is refused with --cluster too.
+    let o = run(berth_bin(), &["freeze", "webb", "--cluster"], Some(root.path()));
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no workload \"webb\" is configured"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn a_mistyped_verb_gets_a_suggestion() {
     let o = run(berth_bin(), &["stauts"], None);

@@ -8,6 +8,10 @@
 //! - `GET /v1/workloads`, `GET /v1/workloads/NAME`: record and live state.
 //! - `GET /v1/cluster` (cluster mode): peers, states, lease ages, owners
 //!   and this node's fence deadline, as the agent last gathered them.
+//! - `GET /v1/freezes`: the node's freeze and each workload's, with
+//!   `frozen_scope` (`node`|`cluster`, `instance`|`object`) and
+//!   `frozen_at`; each workload's view also carries `frozen`: what holds
+//!   it back (its own freeze, else the node's), or null.
 //! - `GET /v1/events`: Server-Sent Events; a `sync` snapshot, then
 //!   `MODIFIED` / `ADDED` / `DELETED`, and `OWNER` when an HA workload's
 //!   owner key changes (cluster mode). The subscription is taken before the
@@ -178,6 +182,9 @@ pub struct Shared {
     cluster: Mutex<ClusterSlot>,
     /// `/v1/cluster` was read since the agent last looked.
     cluster_asked: AtomicBool,
+    /// The node's and the workloads' freezes, as the daemon last read them
+    /// (each pass, and at once when it adopts or clears one).
+    freezes: Mutex<Arc<crate::state::freeze::Freezes>>,
 }
 
 const EVENT_BUFFER: usize = 256;
@@ -201,7 +208,19 @@ impl Shared {
             stale_after,
             cluster: Mutex::new(ClusterSlot::Off),
             cluster_asked: AtomicBool::new(false),
+            freezes: Mutex::new(Arc::default()),
         })
+    }
+
+    pub fn set_freezes(&self, freezes: crate::state::freeze::Freezes) {
+        let mut slot = lock(&self.freezes);
+        if **slot != freezes {
+            *slot = Arc::new(freezes);
+        }
+    }
+
+    pub fn freezes(&self) -> Arc<crate::state::freeze::Freezes> {
+        lock(&self.freezes).clone()
     }
 
     /// `/v1/cluster`'s answer; reading it asks the agent for a fresh one.

@@ -34,7 +34,29 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
             };
             Reply::Json(code, to_json(&report))
         }
-        "/v1/workloads" => Reply::Json(StatusCode::OK, to_json(&shared.snapshot())),
+        "/v1/workloads" => {
+            let freezes = shared.freezes();
+            let views = shared
+                .snapshot()
+                .iter()
+                .map(|v| with_frozen(to_json(v), &v.name, &freezes))
+                .collect();
+            Reply::Json(StatusCode::OK, Value::Array(views))
+        }
+        "/v1/freezes" => {
+            let freezes = shared.freezes();
+            Reply::Json(
+                StatusCode::OK,
+                json!({
+                    "node": freezes.node.as_ref().map(|f| f.summary()),
+                    "instances": freezes
+                        .instances
+                        .iter()
+                        .map(|(n, f)| (n.clone(), f.summary()))
+                        .collect::<serde_json::Map<_, _>>(),
+                }),
+            )
+        }
         "/v1/events" => Reply::Events,
         "/v1/cluster" => match shared.cluster() {
             ClusterSlot::Off => Reply::Json(StatusCode::NOT_FOUND, json!({"error": "not in cluster mode"})),
@@ -48,7 +70,10 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
             .strip_prefix("/v1/workloads/")
             .map(|name| (name, shared.view(name)))
         {
-            Some((_, Some(view))) => Reply::Json(StatusCode::OK, to_json(&view)),
+            Some((name, Some(view))) => Reply::Json(
+                StatusCode::OK,
+                with_frozen(to_json(&view), name, &shared.freezes()),
+            ),
             Some((name, None)) => Reply::Json(
                 StatusCode::NOT_FOUND,
                 json!({"error": format!("no workload {name:?}")}),
@@ -56,6 +81,17 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
             None => Reply::Json(StatusCode::NOT_FOUND, json!({"error": "not found"})),
         },
     }
+}
+
+/// A workload's view with what freezes it.
+fn with_frozen(mut view: Value, name: &str, freezes: &crate::state::freeze::Freezes) -> Value {
+    if let Value::Object(o) = &mut view {
+        o.insert(
+            "frozen".into(),
+            freezes.of(name).map_or(Value::Null, |f| f.summary()),
+        );
+    }
+    view
 }
 
 /// Every type served here serializes (plain data, string keys); a
@@ -152,6 +188,46 @@ mod tests {
             route(&get, "/healthz", &shared, now),
             Reply::Json(StatusCode::OK, to_json(&shared.health_report(now)))
         );
+    }
+
+    /// Issue 14: what freezes each workload (its own freeze, else the
+    /// node's), with the scope and the time, and the freezes themselves.
+    #[test]
+    fn freezes_show_with_their_scope() {
+        use crate::state::freeze::{Freeze, Freezes, Scope};
+        let shared = Shared::new(Duration::from_secs(10));
+        let now = SystemTime::now();
+        shared.publish(view("a"));
+        shared.publish(view("b"));
+        let body = |path: &str| match route(&Method::GET, path, &shared, now) {
+            Reply::Json(StatusCode::OK, body) => body,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert_eq!(body("/v1/workloads/a")["frozen"], Value::Null);
+        let cluster = crate::state::freeze::adopted_for_tests(Scope::Cluster, 9, "n2");
+        let object = Freeze {
+            scope: Scope::Object,
+            ..Freeze::instance("b", "migration", std::time::UNIX_EPOCH)
+        };
+        shared.set_freezes(Freezes {
+            node: Some(cluster),
+            instances: [("b".to_string(), object)].into(),
+        });
+        let a = body("/v1/workloads/a");
+        assert_eq!(
+            (
+                &a["frozen"]["frozen_scope"],
+                &a["frozen"]["frozen_at"],
+                &a["frozen"]["taken_by"]
+            ),
+            (&json!("cluster"), &json!("2026-12-03T08:00:00Z"), &json!("n2"))
+        );
+        let all = body("/v1/workloads");
+        assert_eq!(all[1]["frozen"]["frozen_scope"], "object");
+        assert_eq!(all[1]["frozen"]["frozen_at"], "1970-01-01T00:00:00Z");
+        let freezes = body("/v1/freezes");
+        assert_eq!(freezes["node"]["frozen_scope"], "cluster");
+        assert_eq!(freezes["instances"]["b"]["reason"], "migration");
     }
 
     /// Issue 13, point 7: the cluster view as the agent last gathered it;

@@ -187,10 +187,16 @@ fn freeze_report(root: &Root, loaded: &Loaded) -> String {
     let mut out = String::new();
     let mut line = |what: &str, result: std::io::Result<Option<Freeze>>| match result {
         Ok(None) => {}
+        // An adopted freeze's reason came from etcd: escaped.
         Ok(Some(f)) => out.push_str(&format!(
-            "frozen: {what} since {} ({}): autostart skips it\n",
+            "frozen: {what} since {} ({}{}): autostart skips it\n",
             f.since(),
-            f.why()
+            f.why().escape_debug(),
+            f.adopted.as_ref().map_or_else(String::new, |a| format!(
+                "; scope {}, taken by {}",
+                f.scope.as_str(),
+                a.taken_by.escape_debug()
+            ))
         )),
         Err(e) => out.push_str(&format!("warning: cannot read the freeze flag of {what}: {e}\n")),
     };

@@ -5,6 +5,8 @@
 //! - `berth fence-arm`: ExecStopPost= of berth-daemon in cluster mode:
 //!   arms `berth-fence.timer` at the lease deadline the daemon last saw.
 //! - `berth fence`: what that timer starts: stops the HA workloads.
+//! - `berth cluster forget N`: N is gone for good; the rejoin grace stops
+//!   waiting for it.
 
 use std::time::Duration;
 
@@ -124,5 +126,46 @@ pub(super) fn fence(root: &Root) -> i32 {
     match ran {
         Ok(()) => 0,
         Err(e) => fail("fence", &e),
+    }
+}
+
+pub(super) fn forget(root: &Root, node: &str) -> i32 {
+    if let Err(why) = config::cluster::check_node_name(node) {
+        say_error(&format!(
+            "berth cluster forget: {:?} {why}",
+            node.escape_debug().to_string()
+        ));
+        return 2;
+    }
+    let loaded = config::load(root);
+    let Some(settings) = loaded.host.cluster.clone() else {
+        say_error(
+            "berth cluster forget: there is no valid [cluster] section in berth.toml (see berth check)",
+        );
+        return 1;
+    };
+    use crate::cluster::admin::{Forgot, forget};
+    match block_on(forget(&settings, node)) {
+        Ok(Ok(Forgot::Done(true))) => {
+            say(&format!(
+                "forgot {node}: its member and last-state keys are deleted\n"
+            ));
+            0
+        }
+        Ok(Ok(Forgot::Done(false))) => {
+            say(&format!("{node} is not a member: nothing to forget\n"));
+            0
+        }
+        Ok(Ok(Forgot::Present)) => {
+            say_error(&format!(
+                "berth cluster forget: {node} is present (it has a node key: up or in maintenance); only a node gone for good is forgotten"
+            ));
+            1
+        }
+        Ok(Err(e)) => {
+            say_error(&format!("berth cluster forget: {e}"));
+            1
+        }
+        Err(e) => fail("cluster forget", &e),
     }
 }

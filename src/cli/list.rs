@@ -64,6 +64,7 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
         }
         names = BTreeSet::from([only.clone()]);
     }
+    let freezes = crate::state::freeze::all(root);
     let mut rows = Vec::new();
     for name in &names {
         let record = records::load(root, name).ok().flatten();
@@ -82,6 +83,8 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             "invocation_id": details.map(|d| d.invocation_id.clone()),
             "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
             "record": record,
+            // What holds it back: its own freeze, else the node's.
+            "frozen": freezes.of(name).map(|f| f.summary()),
         });
         // An HA workload: its owner (null: nobody), or why it is unknown.
         if loaded.workload(name).is_some_and(|w| w.ha.is_some()) {
@@ -106,7 +109,8 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
     if let Some(Err(e)) = &owners {
         out.push_str(&format!("(etcd not reachable: owners unknown: {e})\n"));
     }
-    out.push_str(&text(&rows, live.is_some(), only.is_some()));
+    let node_frozen = freezes.node.as_ref().map(|f| f.summary());
+    out.push_str(&text(&rows, live.is_some(), only.is_some(), node_frozen.as_ref()));
     say(&out);
     0
 }
@@ -115,12 +119,26 @@ fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default()
 }
 
-fn text(rows: &[Value], reachable: bool, inspect: bool) -> String {
+fn text(rows: &[Value], reachable: bool, inspect: bool, node_frozen: Option<&Value>) -> String {
     let mut out = String::new();
     if !reachable {
         out.push_str("(systemd not reachable: live state unknown)\n");
     }
+    // The node's freeze once; a workload's own in a note.
+    if let Some(f) = node_frozen {
+        out.push_str(&format!(
+            "note: the node is frozen: {}\n",
+            super::status::freeze_line(f)
+        ));
+    }
     for r in rows {
+        if matches!(r["frozen"]["frozen_scope"].as_str(), Some("instance" | "object")) {
+            out.push_str(&format!(
+                "note: {} is frozen: {}\n",
+                r["unit"].as_str().unwrap_or("").escape_debug(),
+                super::status::freeze_line(&r["frozen"])
+            ));
+        }
         if r["restart_pending"] == true {
             out.push_str(&format!(
                 "note: {} runs an older definition; it applies at its next start (restart pending)\n",
@@ -211,7 +229,7 @@ mod tests {
     #[test]
     fn the_owner_column_appears_in_cluster_mode_only() {
         let plain = json!({"name": "web", "active_state": "active", "main_pid": 7, "record": null});
-        let single = text(std::slice::from_ref(&plain), true, false);
+        let single = text(std::slice::from_ref(&plain), true, false, None);
         assert!(
             single.lines().all(|l| !l.ends_with(' ') && !l.contains("OWNER")),
             "{single}"
@@ -223,7 +241,7 @@ mod tests {
             json!({"name": "cache", "active_state": "inactive", "record": null, "owner_unknown": "timeout"}),
             plain,
         ];
-        let cluster = text(&rows, true, false);
+        let cluster = text(&rows, true, false, None);
         let ends: Vec<&str> = cluster
             .lines()
             .map(|l| l.rsplit_once(' ').map_or(l, |(_, last)| last))
@@ -233,5 +251,32 @@ mod tests {
             ["OWNER", "n1", "(none)", "n\\u{1b}2", "?", "-"],
             "{cluster}"
         );
+    }
+
+    /// Issue 14: the node's freeze once (also when every workload has a
+    /// freeze of its own, which then shows instead in its row), each
+    /// workload's own in a note, with scope, time and taker; the table
+    /// itself is unchanged.
+    #[test]
+    fn freezes_are_noted_above_the_table() {
+        let node =
+            json!({"frozen_scope": "cluster", "frozen_at": "T", "taken_by": "n2", "reason": "upgrade"});
+        let object =
+            json!({"frozen_scope": "object", "frozen_at": "T2", "taken_by": "n\u{1b}1", "reason": ""});
+        let rows = [
+            json!({"name": "db", "unit": "berth@db.service", "active_state": "inactive", "record": null, "frozen": object}),
+        ];
+        let out = text(&rows, true, false, Some(&node));
+        let notes: Vec<&str> = out.lines().take_while(|l| l.starts_with("note:")).collect();
+        assert_eq!(
+            notes,
+            [
+                "note: the node is frozen: cluster since T, taken by n2: upgrade",
+                "note: berth@db.service is frozen: object since T2, taken by n\\u{1b}1",
+            ],
+            "{out}"
+        );
+        let plain = json!({"name": "web", "active_state": "active", "record": null, "frozen": null});
+        assert!(text(&[plain], true, false, None).starts_with("WORKLOAD"));
     }
 }

@@ -103,9 +103,22 @@ enum Verb {
         /// Freeze NAME although no workload of that name is configured (yet).
         #[arg(long, requires = "name")]
         force: bool,
+        /// Freeze every node (or NAME on every node that has it) through etcd.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Remove the node's or a workload's freeze.
-    Thaw { name: Option<String> },
+    Thaw {
+        name: Option<String>,
+        /// Remove the cluster (or NAME's object) freeze; every node's daemon drops its adopted one.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// Cluster membership (cluster mode).
+    Cluster {
+        #[command(subcommand)]
+        verb: ClusterVerb,
+    },
     /// List the workloads: live state from systemd and the records.
     List {
         #[arg(long)]
@@ -184,6 +197,12 @@ enum Verb {
     },
 }
 
+#[derive(Subcommand, Debug)]
+enum ClusterVerb {
+    /// Remove a node gone for good from the members (its member and last-state keys).
+    Forget { node: String },
+}
+
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -241,10 +260,25 @@ pub fn main() -> i32 {
         } => with_root(root, |r| {
             daemon::run(r, foreground, reconcile_interval, no_api, gc_interval)
         }),
-        Verb::Freeze { name, reason, force } => {
-            with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason, force))
-        }
-        Verb::Thaw { name } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
+        Verb::Freeze {
+            name,
+            reason,
+            force,
+            cluster: false,
+        } => with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason, force)),
+        Verb::Freeze {
+            name,
+            reason,
+            force,
+            cluster: true,
+        } => with_root(root, |r| {
+            freeze::freeze_cluster(r, name.as_deref(), &reason, force)
+        }),
+        Verb::Thaw { name, cluster: false } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
+        Verb::Thaw { name, cluster: true } => with_root(root, |r| freeze::thaw_cluster(r, name.as_deref())),
+        Verb::Cluster {
+            verb: ClusterVerb::Forget { node },
+        } => with_root(root, |r| cluster::forget(r, &node)),
         Verb::List { json } => with_root(root, |r| list::run(r, None, json)),
         Verb::Cat { name } => with_root(root, |r| cat::run(r, &name)),
         Verb::Add(args) => with_root(root, |r| add::add(r, args)),

@@ -80,15 +80,15 @@ pub fn text(v: &Value) -> String {
         out.push('\n');
     }
     match v["frozen"]["frozen_scope"].as_str() {
-        Some(scope) => out.push_str(&format!(
-            "frozen: {scope}{}\n",
-            v["frozen"]["frozen_at"]
-                .as_str()
-                .filter(|t| !t.is_empty())
-                .map(|t| format!(" since {t}"))
-                .unwrap_or_default()
-        )),
+        Some(_) => out.push_str(&format!("frozen: {}\n", freeze_line(&v["frozen"]))),
         None => out.push_str("frozen: no\n"),
+    }
+    for i in v["frozen"]["instances"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  workload {}: {}\n",
+            i["workload"].as_str().unwrap_or("?").escape_debug(),
+            freeze_line(i)
+        ));
     }
     if !v["last_drain"].is_null() {
         out.push_str(&format!(
@@ -107,9 +107,53 @@ pub fn text(v: &Value) -> String {
     out
 }
 
+/// `SCOPE since T, taken by N: REASON` of a freeze's summary; the reason
+/// and the node may come from etcd, so they are escaped.
+pub(super) fn freeze_line(f: &serde_json::Value) -> String {
+    let mut line = f["frozen_scope"].as_str().unwrap_or("?").to_string();
+    if let Some(t) = f["frozen_at"].as_str().filter(|t| !t.is_empty()) {
+        line.push_str(&format!(" since {}", t.escape_debug()));
+    }
+    if let Some(n) = f["taken_by"].as_str() {
+        line.push_str(&format!(", taken by {}", n.escape_debug()));
+    }
+    if let Some(r) = f["reason"].as_str().filter(|r| !r.is_empty()) {
+        line.push_str(&format!(": {}", r.escape_debug()));
+    }
+    if f["covers"].is_object() {
+        line.push_str(&format!(" (covering: {})", freeze_line(&f["covers"])));
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freezes_show_scope_time_taker_and_an_escaped_reason() {
+        let v = serde_json::json!({"frozen": {
+            "frozen_scope": "cluster", "frozen_at": "T", "taken_by": "n2", "reason": "up\u{1b}grade",
+            "instances": [{"workload": "db", "frozen_scope": "object", "frozen_at": "T2", "taken_by": "n1", "reason": ""}]
+        }});
+        let t = text(&v);
+        assert!(
+            t.contains("frozen: cluster since T, taken by n2: up\\u{1b}grade\n"),
+            "{t}"
+        );
+        assert!(t.contains("  workload db: object since T2, taken by n1\n"), "{t}");
+        let covering = serde_json::json!({"frozen": {
+            "frozen_scope": "node", "frozen_at": "T3", "taken_by": null, "reason": "disk swap",
+            "covers": {"frozen_scope": "cluster", "frozen_at": "T", "taken_by": "n2", "reason": "upgrade", "covers": null}
+        }});
+        assert!(
+            text(&covering).contains(
+                "frozen: node since T3: disk swap (covering: cluster since T, taken by n2: upgrade)\n"
+            ),
+            "{}",
+            text(&covering)
+        );
+    }
 
     #[test]
     fn not_installed_reads_as_such() {

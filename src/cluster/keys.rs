@@ -8,8 +8,8 @@
 //! | `members/N`                | none (persistent) | N's daemon, once; `berth cluster forget N` deletes it |
 //! | `last-state/N`             | none (persistent) | N's daemon and drain, at each state change |
 //! | `owners/W`                 | the owner's lease | the owner, create-if-absent; its drain deletes it |
-//! | `freeze/cluster`           | none             | `berth freeze --cluster` (issue 14) |
-//! | `freeze/objects/W`         | none             | `berth freeze W --cluster` (issue 14) |
+//! | `freeze/cluster`           | none             | `berth freeze --cluster`; `berth thaw --cluster` deletes it |
+//! | `freeze/objects/W`         | none             | `berth freeze W --cluster`; `berth thaw W --cluster` deletes it |
 //!
 //! Node and workload names are checked by the config (letters, digits,
 //! `-`, `_`, `.`): no name can reach outside its directory.
@@ -58,6 +58,12 @@ impl Keys {
     }
     pub fn object_freeze(&self, workload: &str) -> String {
         format!("{}freeze/objects/{workload}", self.prefix)
+    }
+    pub fn freezes(&self) -> String {
+        format!("{}freeze/", self.prefix)
+    }
+    pub fn object_freezes(&self) -> String {
+        format!("{}freeze/objects/", self.prefix)
     }
 
     /// The last component of a key under `dir` (`nodes/`, `owners/`…);
@@ -136,6 +142,18 @@ pub struct Owner {
     /// a peer starts it no earlier than the deletion plus this.
     pub stop_bound_s: u64,
     pub since: String,
+}
+
+/// `freeze/cluster` and `freeze/objects/W`: a freeze of every node, or
+/// of one workload on every node that has it. Each daemon adopts it as a
+/// node or instance freeze (`berth freeze --cluster`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterFreeze {
+    /// The node where `berth freeze --cluster` ran.
+    pub taken_by: String,
+    pub frozen_at: String,
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// The owner's stop bound for a unit: systemd applies TimeoutStopSec= to

@@ -16,9 +16,14 @@
 //! - [`maintenance`]: a daemon stopped or restarted on purpose hands its
 //!   keys to a lease of the grace period, and takes them back at its join.
 //! - [`release`]: the drain's part: announce, release, keep the lease.
+//! - [`rejoin`]: after a boot, nothing is taken until every missing peer
+//!   is heard or the rejoin grace passes (then the node freezes).
+//! - [`adoption`]: cluster and object freezes become this node's.
 //! - [`view`]: peers, states, lease ages, owners and the fence deadline,
 //!   for `berth status`, `berth list` and `/v1/cluster`.
 
+pub mod admin;
+pub mod adoption;
 pub mod fence;
 pub mod keys;
 pub mod maintenance;
@@ -26,6 +31,7 @@ pub mod owner;
 pub mod ownership;
 pub mod placement;
 pub mod presence;
+pub mod rejoin;
 pub mod release;
 pub mod take;
 pub mod view;
@@ -93,11 +99,30 @@ pub fn start_agent(
     root: &Root,
     loaded: &Loaded,
     boot_id: String,
-    frozen: bool,
     api: Option<Arc<crate::api::Shared>>,
 ) -> Option<Agent> {
     let settings = loaded.host.cluster.clone()?;
     let ha = ha_hashes(loaded);
+    let events = Events::new("berth-daemon");
+    // The first daemon of a boot rejoins (a restart within the boot finds
+    // the rejoin done).
+    let rejoin = rejoin::pending(&root.runtime_dir(), &boot_id);
+    // A boot with berth.freeze on the command line: the node's own freeze,
+    // kept past this boot (peers must not see it thaw by a mere reboot);
+    // written once per boot, so that `berth thaw` lifts it for the next.
+    if rejoin && crate::state::freeze::cmdline_freeze(&crate::state::freeze::kernel_command_line()) {
+        let reason = crate::state::freeze::KERNEL_CMDLINE;
+        match crate::state::freeze::freeze_unless_own(root, None, reason) {
+            Ok(Some(_)) => events.info(
+                "cluster: berth.freeze is on the kernel command line: local node has been frozen (reason kernel-cmdline)",
+            ),
+            Ok(None) => {}
+            Err(e) => events.warn(&format!(
+                "cluster: cannot write the node freeze for berth.freeze: {e}"
+            )),
+        }
+    }
+    let configured = loaded.workloads.iter().map(|w| w.name.clone()).collect();
     let workloads: Vec<Workload> = loaded
         .workloads
         .iter()
@@ -127,9 +152,9 @@ pub fn start_agent(
             let joining = Joining {
                 settings,
                 ha,
-                frozen,
                 boot_id,
                 api,
+                configured,
             };
             runtime.block_on(agent(joining, root, workloads, shared, leaving, events));
         });
@@ -177,10 +202,17 @@ pub fn ha_hashes(loaded: &Loaded) -> BTreeMap<String, String> {
 struct Joining {
     settings: ClusterSettings,
     ha: BTreeMap<String, String>,
-    frozen: bool,
     boot_id: String,
     /// The API's shared state: `/v1/cluster` and owner events.
     api: Option<Arc<crate::api::Shared>>,
+    /// Every workload configured here (object freezes apply to these).
+    configured: std::collections::BTreeSet<String>,
+}
+
+/// Whether the node is frozen now (flag or command line): announced in
+/// its presence, so that no peer places an HA workload here.
+pub(crate) fn frozen_now(root: &Root) -> bool {
+    crate::state::freeze::node_frozen(root).is_some()
 }
 
 async fn agent(
@@ -248,8 +280,18 @@ async fn membership(
 ) {
     let settings = &joining.settings;
     let node = node.to_string();
+    let mut first = true;
+    let mut first_contact = None;
     loop {
         let (client, joined) = join_until_joined(joining, &node, root, events).await;
+        // The grace counts from the first contact, over every join until
+        // it is over (a lease lost during it does not skip it).
+        let contact = *first_contact.get_or_insert_with(tokio::time::Instant::now);
+        let rejoin = rejoin::pending(&root.runtime_dir(), &joining.boot_id);
+        let when = match std::mem::replace(&mut first, false) {
+            true => adoption::When::WhileDown,
+            false => adoption::When::Now,
+        };
         state.lease.store(joined.lease_id, Ordering::Relaxed);
         state.set_deadline(joined.deadline);
         // At once, not at the fence's next look: `berth owner-check`
@@ -278,13 +320,45 @@ async fn membership(
             state: state.clone(),
             events: Events::new("berth-daemon"),
             api: joining.api.clone(),
+            boot_id: joining.boot_id.clone(),
+            ha: joining.ha.clone(),
+            announced_frozen: joined.frozen,
+        };
+        let adopting = adoption::Context {
+            settings: settings.clone(),
+            root: root.clone(),
+            configured: joining.configured.clone(),
+            events: Events::new("berth-daemon"),
+            api: joining.api.clone(),
+        };
+        // Freezes first (taken while this daemon was down), then, after a
+        // boot, the rejoin grace; then taking, and freezes as they come.
+        let orchestrate = async {
+            let mut c = client.clone();
+            let from = adoption::first(&mut c, &adopting, when).await;
+            let taking_part = async {
+                if rejoin {
+                    let missing = rejoin::grace(&mut c, settings, &node, contact, events).await;
+                    if !missing.is_empty() {
+                        rejoin_expired(root, settings, &missing, events);
+                    }
+                    if let Err(e) = rejoin::done(&root.runtime_dir(), &joining.boot_id) {
+                        events.warn(&format!(
+                            "cluster: cannot mark this boot's rejoin as done ({e}): the next daemon of this boot waits the grace again"
+                        ));
+                    }
+                }
+                take::run(client.clone(), taking, joined.lease_id).await
+            };
+            // Freezes are followed during the grace too.
+            tokio::join!(adoption::watch(client.clone(), adopting, from), taking_part);
         };
         // The ownership loop never ends by itself: when the lease is lost
         // (expired, or etcd silent for a TTL), both go, and the node joins
         // again on a new connection (resuming the lease if it is alive).
         let lost = tokio::select! {
             lost = presence::keep_alive(client.clone(), settings.clone(), joined.lease_id, state.clone()) => lost,
-            _ = take::run(client, taking, joined.lease_id) => continue,
+            _ = orchestrate => continue,
         };
         events.warn(&match lost {
             presence::LeaseLost::Expired => format!(
@@ -296,6 +370,26 @@ async fn membership(
                 joined.lease_id
             ),
         });
+    }
+}
+
+/// The rejoin grace passed with peers unheard: the node freezes itself
+/// (unless it is frozen already), saying which.
+fn rejoin_expired(root: &Root, settings: &ClusterSettings, missing: &[String], events: &Events) {
+    use crate::state::freeze;
+    let peers = missing.join(" ");
+    let grace = settings.rejoin_grace_period_s;
+    match freeze::freeze_unless_own(root, None, freeze::REJOIN_GRACE_EXPIRED) {
+        Ok(Some(_)) => events.warn(&format!(
+            "cluster: rejoin grace of {grace} s passed with peer(s) {peers} not heard (member, last state up or maintenance, no node key): local node has been frozen (reason {}); berth thaw lifts it, berth cluster forget removes a peer gone for good",
+            freeze::REJOIN_GRACE_EXPIRED
+        )),
+        Ok(None) => events.warn(&format!(
+            "cluster: rejoin grace of {grace} s passed with peer(s) {peers} not heard; the node has a freeze of its own already, which stays"
+        )),
+        Err(e) => events.warn(&format!(
+            "cluster: rejoin grace of {grace} s passed with peer(s) {peers} not heard, and the node freeze cannot be written: {e}"
+        )),
     }
 }
 
@@ -338,7 +432,7 @@ async fn depart(joining: &Joining, node: &str, root: &Root, state: &LeaseState) 
                     keys::NodeState::Maintenance,
                     &joining.boot_id,
                     joining.ha.clone(),
-                    joining.frozen,
+                    frozen_now(root),
                 ),
             },
         )
@@ -397,7 +491,7 @@ async fn join_until_joined(
                 &joining.boot_id,
                 &root.state_dir(),
                 joining.ha.clone(),
-                joining.frozen,
+                frozen_now(root),
             )
             .await?;
             Ok::<_, presence::ClusterError>((client, joined))

@@ -138,6 +138,8 @@ pub struct Joined {
     /// The fence deadline the grant (or the resumed lease's remaining
     /// TTL) gives, counted from before the request was sent.
     pub deadline: Duration,
+    /// The frozen flag of the presence put.
+    pub frozen: bool,
 }
 
 /// Takes the node's lease (resumed when the record is of this boot and
@@ -215,6 +217,7 @@ pub async fn join(
         taken_back,
         deadline: (sent + Duration::from_secs(granted_ttl_s.max(0) as u64))
             .saturating_sub(settings.fence_margin()),
+        frozen,
     })
 }
 
@@ -239,22 +242,48 @@ pub async fn announce(
     lease_id: i64,
     presence: Presence,
 ) -> Result<(), ClusterError> {
+    client
+        .txn(Txn::new().and_then(announcing(keys, node, lease_id, &presence)))
+        .await?;
+    Ok(())
+}
+
+/// As [`announce`], only while the presence key is still at
+/// `mod_revision`; whether it was put.
+pub async fn announce_if_unchanged(
+    client: &mut Client,
+    keys: &Keys,
+    node: &str,
+    lease_id: i64,
+    presence: Presence,
+    mod_revision: i64,
+) -> Result<bool, ClusterError> {
+    let unchanged = Compare::mod_revision(keys.node(node), CompareOp::Equal, mod_revision);
+    let r = client
+        .txn(
+            Txn::new()
+                .when(vec![unchanged])
+                .and_then(announcing(keys, node, lease_id, &presence)),
+        )
+        .await?;
+    Ok(r.succeeded())
+}
+
+/// The presence on the lease and the last state beside it.
+fn announcing(keys: &Keys, node: &str, lease_id: i64, presence: &Presence) -> Vec<TxnOp> {
     let last = LastState {
         state: presence.state,
         boot_id: presence.boot_id.clone(),
         at: presence.since.clone(),
     };
-    client
-        .txn(Txn::new().and_then(vec![
-            TxnOp::put(
-                keys.node(node),
-                json(&presence),
-                Some(PutOptions::new().with_lease(lease_id)),
-            ),
-            TxnOp::put(keys.last_state(node), json(&last), None),
-        ]))
-        .await?;
-    Ok(())
+    vec![
+        TxnOp::put(
+            keys.node(node),
+            json(presence),
+            Some(PutOptions::new().with_lease(lease_id)),
+        ),
+        TxnOp::put(keys.last_state(node), json(&last), None),
+    ]
 }
 
 pub(super) fn json<T: Serialize>(v: &T) -> String {

@@ -35,6 +35,12 @@ pub struct Context {
     pub events: Events,
     /// Where ownership changes are told (`/v1/events`).
     pub api: Option<Arc<crate::api::Shared>>,
+    /// What the presence is re-announced with when the node's freeze
+    /// changes (a freeze by hand, adopted, or at the rejoin grace).
+    pub boot_id: String,
+    pub ha: BTreeMap<String, String>,
+    /// The frozen flag the presence was last put with.
+    pub announced_frozen: bool,
 }
 
 /// The stop bound of each HA workload, from its live unit: a workload
@@ -75,7 +81,7 @@ async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
 }
 
 /// Runs until the process ends. `lease` is the live lease the keys go on.
-pub async fn run(mut client: Client, ctx: Context, lease: i64) {
+pub async fn run(mut client: Client, mut ctx: Context, lease: i64) {
     let sd = Arc::new(super::systemd_for(&ctx.root, &ctx.events, "taking", Duration::from_secs(5)).await);
     let locals = locals(&sd, &ctx).await;
     let keys = Keys::new(&ctx.settings.prefix);
@@ -124,6 +130,7 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
             continue;
         };
         loop {
+            reannounce(&mut client, &mut ctx, &keys, lease).await;
             take_due(&mut client, &ctx, &keys, &sd, &locals, &mut view, lease).await;
             let now = boottime();
             let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
@@ -159,6 +166,36 @@ pub async fn run(mut client: Client, ctx: Context, lease: i64) {
                 _ = tokio::time::sleep(wake.min(Duration::from_secs(1))) => {}
             }
         }
+    }
+}
+
+/// Puts the presence again when the node's freeze changed, so that peers
+/// place nothing here while it is frozen (and may again after a thaw).
+async fn reannounce(client: &mut Client, ctx: &mut Context, keys: &Keys, lease: i64) {
+    use super::keys::{NodeState, Presence};
+    let frozen = super::frozen_now(&ctx.root);
+    if frozen == ctx.announced_frozen {
+        return;
+    }
+    // Only over a presence that says up: a drain's shutting-down or
+    // drained is never turned back into up.
+    let key = keys.node(&ctx.node);
+    let Ok(Ok(now)) = tokio::time::timeout(CALL_TIMEOUT, client.get(key.as_str(), None)).await else {
+        return;
+    };
+    let Some(kv) = now.kvs().first() else { return };
+    if !serde_json::from_slice::<Presence>(kv.value()).is_ok_and(|p| p.state == NodeState::Up) {
+        ctx.announced_frozen = frozen;
+        return;
+    }
+    let p = super::presence::presence(NodeState::Up, &ctx.boot_id, ctx.ha.clone(), frozen);
+    let put = super::presence::announce_if_unchanged(client, keys, &ctx.node, lease, p, kv.mod_revision());
+    if let Ok(Ok(true)) = tokio::time::timeout(CALL_TIMEOUT, put).await {
+        ctx.announced_frozen = frozen;
+        ctx.events.info(&format!(
+            "cluster: the node is {}: presence announced so",
+            if frozen { "frozen" } else { "thawed" }
+        ));
     }
 }
 
@@ -203,12 +240,17 @@ async fn take_due(
     view: &mut View,
     lease: i64,
 ) {
-    // A node past its deadline is fencing: it takes nothing.
-    if !ctx.state.ahead() {
+    // A node past its deadline is fencing, a frozen one starts nothing:
+    // neither takes (frozen as its flag says, whether or not its presence
+    // could say so yet).
+    if !ctx.state.ahead() || ctx.announced_frozen || super::frozen_now(&ctx.root) {
         return;
     }
+    // A workload frozen here (by hand, or an object freeze) is not taken
+    // here.
     let due: Vec<Local> = ownership::to_take(&ctx.node, locals, view, boottime())
         .into_iter()
+        .filter(|l| crate::state::freeze::instance_frozen(&ctx.root, &l.name).is_none())
         .cloned()
         .collect();
     for local in due {

@@ -191,10 +191,9 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         None
     };
     // Cluster mode: the agent's own thread joins and keeps the lease.
-    let cluster = crate::state::runs::boot_id().ok().and_then(|boot| {
-        let frozen = crate::state::freeze::node_frozen(&root).is_some();
-        crate::cluster::start_agent(&root, &loaded, boot, frozen, api.clone())
-    });
+    let cluster = crate::state::runs::boot_id()
+        .ok()
+        .and_then(|boot| crate::cluster::start_agent(&root, &loaded, boot, api.clone()));
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
     sup.share_watched(watched);
     sup.cluster = cluster;

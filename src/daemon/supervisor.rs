@@ -148,6 +148,11 @@ impl<O: Ops> Supervisor<O> {
 
     /// One scan of every workload unit; returns how many run.
     pub(super) async fn pass(&mut self, first: bool) -> usize {
+        // The freezes the API shows: a flag written by hand is seen within
+        // one pass (the cluster agent tells its own changes at once).
+        if let Some(api) = &self.api {
+            api.set_freezes(crate::state::freeze::all(&self.root));
+        }
         let live = match self.sd.list_workloads(&self.units.existing_units()).await {
             Ok(live) => live,
             Err(e) => {
