@@ -164,6 +164,7 @@ bench: all
 	bench/add-burst.sh
 	bench/libvirt-drain.sh
 	bench/cluster-takeover.sh
+	bench/cluster-scale.sh
 
 clean:
 	$(CARGO) clean

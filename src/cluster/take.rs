@@ -80,10 +80,53 @@ async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
     out
 }
 
+/// What a take does once its transaction succeeded: start the unit. The
+/// daemon starts it through systemd; the scale benchmark's simulated
+/// nodes only record it.
+pub trait Starter: Send + Sync + 'static {
+    fn start(&self, workload: &Workload);
+}
+
+/// Starts the unit through systemd, recorded as an HA take.
+struct SystemdStarter {
+    sd: Arc<Systemd>,
+    root: Root,
+}
+
+impl Starter for SystemdStarter {
+    fn start(&self, workload: &Workload) {
+        let (sd, root, w, events) = (
+            self.sd.clone(),
+            self.root.clone(),
+            workload.clone(),
+            Events::new("berth-daemon"),
+        );
+        tokio::spawn(async move {
+            crate::autostart::start_one(&*sd, &root, &w, TransitionReason::HaTake, &events).await;
+        });
+    }
+}
+
 /// Runs until the process ends. `lease` is the live lease the keys go on.
-pub async fn run(mut client: Client, mut ctx: Context, lease: i64) {
+pub async fn run(client: Client, ctx: Context, lease: i64) {
     let sd = Arc::new(super::systemd_for(&ctx.root, &ctx.events, "taking", Duration::from_secs(5)).await);
     let locals = locals(&sd, &ctx).await;
+    let starter = Arc::new(SystemdStarter {
+        sd,
+        root: ctx.root.clone(),
+    });
+    run_with(client, ctx, lease, locals, starter).await
+}
+
+/// The loop itself, given this node's HA workloads with their stop bounds
+/// and what starts one.
+pub async fn run_with(
+    mut client: Client,
+    mut ctx: Context,
+    lease: i64,
+    locals: Vec<Local>,
+    starter: Arc<dyn Starter>,
+) {
     let keys = Keys::new(&ctx.settings.prefix);
     let mut view = View::default();
     loop {
@@ -131,7 +174,7 @@ pub async fn run(mut client: Client, mut ctx: Context, lease: i64) {
         };
         loop {
             reannounce(&mut client, &mut ctx, &keys, lease).await;
-            take_due(&mut client, &ctx, &keys, &sd, &locals, &mut view, lease).await;
+            take_due(&mut client, &ctx, &keys, &*starter, &locals, &mut view, lease).await;
             let now = boottime();
             let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
             tokio::select! {
@@ -235,7 +278,7 @@ async fn take_due(
     client: &mut Client,
     ctx: &Context,
     keys: &Keys,
-    sd: &Arc<Systemd>,
+    starter: &dyn Starter,
     locals: &[Local],
     view: &mut View,
     lease: i64,
@@ -281,11 +324,8 @@ async fn take_due(
                     "cluster: took {} (owner key on lease {lease:x}, stop bound {} s); starting it",
                     local.name, local.stop_bound_s
                 ));
-                if let Some(w) = ctx.workloads.iter().find(|w| w.name == local.name).cloned() {
-                    let (sd, root, events) = (sd.clone(), ctx.root.clone(), Events::new("berth-daemon"));
-                    tokio::spawn(async move {
-                        crate::autostart::start_one(&*sd, &root, &w, TransitionReason::HaTake, &events).await;
-                    });
+                if let Some(w) = ctx.workloads.iter().find(|w| w.name == local.name) {
+                    starter.start(w);
                 }
             }
             // Someone else's key came first: the watch brings it.

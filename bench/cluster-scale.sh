@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Issue 15, scale: NODES (50) simulated nodes × WORKLOADS (20) HA workloads
+# on one real etcd (Debian's etcd-server). Each node is a process of
+# examples/cluster_sim.rs: berth's own configuration, join, keep-alive and
+# ownership loop, with a service manager that only records starts; every
+# node has every workload, each workload's candidates being all nodes in
+# an order of its own. Printed:
+# - decisions: over ROUNDS (40) power-offs of an owner (SIGTERM: it
+#   releases its keys as the drain does), from the deletion of the owner
+#   key (its revision, and when a watch on this host received the event)
+#   to the start on the new owner: p50, p99, max (target: p99 <= 2 s);
+# - idle: etcd writes (puts, deletes, transactions) and lease keep-alives
+#   per node per second over IDLE_S (30) s with nothing happening (target:
+#   keep-alives only, TTL/5 of a second apart per node);
+# - etcd's CPU time and peak RSS over the whole run.
+# Needs etcd, etcdctl, curl and python3; no root.
+set -euo pipefail
+NODES=${NODES:-50}
+WORKLOADS=${WORKLOADS:-20}
+ROUNDS=${ROUNDS:-40}
+IDLE_S=${IDLE_S:-30}
+TTL=${TTL:-5}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+log() { printf '%s\n' "$*" >&2; }
+die() { log "bench: $*"; exit 1; }
+for tool in etcd etcdctl curl python3; do
+    command -v "$tool" >/dev/null || die "$tool is needed (make deps installs etcd-server and etcd-client)"
+done
+(cd "$repo" && cargo build --release --locked --quiet --example cluster_sim)
+sim=$repo/target/release/examples/cluster_sim
+work=$(mktemp -d)
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+peer=$(free_port)
+url=http://127.0.0.1:$port
+declare -A pid=()
+etcd_pid=
+watch_pid=
+cleanup() {
+    local p
+    for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ -z "$watch_pid" ] || kill "$watch_pid" 2>/dev/null || true
+    [ -z "$etcd_pid" ] || kill "$etcd_pid" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+ctl() { ETCDCTL_API=3 etcdctl --endpoints="$url" "$@"; }
+
+etcd --name scale --data-dir "$work/etcd" \
+    --listen-client-urls "$url" --advertise-client-urls "$url" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "scale=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
+etcd_pid=$!
+for _ in $(seq 100); do ctl endpoint health >/dev/null 2>&1 && break; sleep 0.2; done
+ctl endpoint health >/dev/null 2>&1 || die "etcd did not come up; see $work/etcd.log"
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$etcd_pid/stat"; }
+ticks0=$(cpu_ticks)
+t0=$(date +%s.%N)
+
+boot() { "$sim" "$work/$1" "$1" "$NODES" "$WORKLOADS" "$url" "$TTL" >>"$work/$1.out" 2>>"$work/$1.err" & pid[$1]=$!; }
+for i in $(seq "$NODES"); do boot "n$i"; done
+owned() { [ "$(ctl get --prefix /berth/owners/ --keys-only | grep -c .)" -eq "$WORKLOADS" ]; }
+for _ in $(seq 300); do owned && break; sleep 0.2; done
+owned || die "not every workload was taken within 60 s; see $work/*.err"
+log "bench: $NODES nodes joined, $WORKLOADS workloads owned"
+
+# Idle: what etcd is asked when nothing happens.
+metric() { curl -s "$url/metrics" | awk -v m="$1" '$1 ~ "^"m"({|$)" { s += $2 } END { print s + 0 }'; }
+counters() {
+    echo "$(metric etcd_mvcc_put_total) $(metric etcd_mvcc_delete_total) $(metric etcd_mvcc_txn_total) \
+$(curl -s "$url/metrics" | awk '/^grpc_server_msg_received_total/ && /LeaseKeepAlive/ { s += $2 } END { print s + 0 }')"
+}
+sleep 5
+before=$(counters)
+sleep "$IDLE_S"
+after=$(counters)
+
+# Decisions: the owner of one workload after another powers off.
+ctl watch --prefix /berth/owners/ -w json | python3 -u -c '
+import sys, time
+for line in sys.stdin:
+    print("%.6f %s" % (time.time(), line.strip()), flush=True)
+' >"$work/watch.log" &
+watch_pid=$!
+sleep 1
+owner_of() { ctl get "/berth/owners/$1" --print-value-only | python3 -c 'import json, sys; t = sys.stdin.read().strip(); print(json.loads(t)["node"] if t else "")'; }
+for r in $(seq "$ROUNDS"); do
+    w=w$(( (r - 1) % WORKLOADS + 1 ))
+    o=$(owner_of "$w")
+    [ -n "$o" ] || die "round $r: $w has no owner"
+    kill -TERM "${pid[$o]}"
+    wait "${pid[$o]}" 2>/dev/null || true
+    moved() { local n; n=$(owner_of "$w"); [ -n "$n" ] && [ "$n" != "$o" ]; }
+    for _ in $(seq 100); do moved && break; sleep 0.1; done
+    moved || die "round $r: $w did not move from $o within 10 s; see $work/*.err"
+    boot "$o"
+    sleep 1
+done
+sleep 1
+t1=$(date +%s.%N)
+ticks1=$(cpu_ticks)
+hwm_kb=$(awk '/^VmHWM/ { print $2 }' "/proc/$etcd_pid/status")
+hz=$(getconf CLK_TCK)
+
+python3 - "$work" "$NODES" "$IDLE_S" "$TTL" "$before" "$after" "$ticks0" "$ticks1" "$hz" "$t0" "$t1" "$hwm_kb" "$ROUNDS" <<'PY'
+import base64, glob, json, sys
+work, nodes, idle_s, ttl = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+before = [float(x) for x in sys.argv[5].split()]
+after = [float(x) for x in sys.argv[6].split()]
+ticks0, ticks1, hz = float(sys.argv[7]), float(sys.argv[8]), float(sys.argv[9])
+t0, t1, hwm_kb, rounds = float(sys.argv[10]), float(sys.argv[11]), int(sys.argv[12]), int(sys.argv[13])
+
+# Deletions as the host's watch received them: (arrival, workload, revision).
+deletions = []
+for line in open(f"{work}/watch.log"):
+    at, _, text = line.partition(" ")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        continue
+    for ev in doc.get("Events") or []:
+        if ev.get("type") in (1, "DELETE"):
+            key = base64.b64decode(ev["kv"]["key"]).decode()
+            deletions.append((float(at), key.rsplit("/", 1)[1], doc["Header"]["revision"]))
+starts = []
+for path in glob.glob(f"{work}/n*.out"):
+    for line in open(path):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "start":
+            starts.append((float(parts[2]), parts[1]))
+starts.sort()
+lat = []
+for at, w, rev in deletions:
+    nxt = next((t for t, sw in starts if sw == w and t > at - 1.0), None)
+    if nxt is not None:
+        lat.append(max(nxt - at, 0.0))
+lat.sort()
+if len(lat) < rounds:
+    sys.exit(f"bench: {len(lat)} decisions measured, {rounds} rounds run")
+pct = lambda p: lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))]
+print(f"cluster scale: {nodes} nodes x {len(set(w for _, w, _ in deletions))} workloads moved, TTL {ttl:g} s, one etcd")
+print(f"  decisions (owner key deleted -> new owner's start), {len(lat)} takeovers: "
+      f"p50 {pct(50):.3f} s, p99 {pct(99):.3f} s, max {lat[-1]:.3f} s (target p99 <= 2 s)")
+d = [a - b for a, b in zip(after, before)]
+per = lambda x: x / nodes / idle_s
+print(f"  idle {idle_s:g} s: per node per second: {per(d[0]):.4f} puts, {per(d[1]):.4f} deletes, "
+      f"{per(d[2]):.4f} transactions, {per(d[3]):.3f} lease keep-alives "
+      f"(one every {1 / per(d[3]) if d[3] else float('inf'):.2f} s; TTL/5 = {ttl / 5:g} s)")
+cpu = (ticks1 - ticks0) / hz
+print(f"  etcd: {cpu:.2f} s CPU over {t1 - t0:.1f} s ({100 * cpu / (t1 - t0):.1f} % of a core), peak RSS {hwm_kb / 1024:.1f} MiB")
+PY

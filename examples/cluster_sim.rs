@@ -1,0 +1,251 @@
+//! One simulated node of the cluster scale benchmark
+//! (bench/cluster-scale.sh): berth's own configuration, join, keep-alive
+//! and ownership loop against a real etcd, with a service manager that
+//! only records starts. It takes part as a daemon would; SIGTERM is its
+//! power-off: it releases what it owns (the stop bound put to zero, then
+//! the key deleted, as the drain does), revokes its lease and exits.
+//!
+//!     cluster_sim DIR NODE NODES WORKLOADS ENDPOINT TTL
+//!
+//! DIR: a directory of its own (configuration and state); NODE: its name,
+//! one of n1..nNODES; every node has the HA workloads w1..wWORKLOADS, w_k's
+//! candidates being every node, in order from n_(1 + (k-1)*NODES/WORKLOADS)
+//! on. On standard output, one line per start: `start WORKLOAD UNIX_TIME`
+//! (seconds, wall clock), and `joined LEASE` once joined.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use berth::cluster::keys::{Keys, Owner};
+use berth::cluster::ownership::Local;
+use berth::cluster::presence::{self, LeaseState};
+use berth::cluster::take::{self, Starter};
+use berth::config::{self, Workload};
+use berth::events::Events;
+use berth::paths::Root;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+/// Every start is as quick as a unit's start job: one line.
+struct Recorder;
+
+impl Starter for Recorder {
+    fn start(&self, workload: &Workload) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "start {} {:.6}", workload.name, now.as_secs_f64());
+        let _ = out.flush();
+    }
+}
+
+/// The stop bound each simulated node writes into its keys (s): what a
+/// peer waits after a key it did not see released with a bound of zero.
+const STOP_BOUND_S: u64 = 2;
+
+fn usage() -> ! {
+    eprintln!("usage: cluster_sim DIR NODE NODES WORKLOADS ENDPOINT TTL");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [dir, node, nodes, workloads, endpoint, ttl] = args.as_slice() else {
+        usage()
+    };
+    let (Ok(nodes), Ok(workloads), Ok(ttl)) = (
+        nodes.parse::<usize>(),
+        workloads.parse::<usize>(),
+        ttl.parse::<u64>(),
+    ) else {
+        usage()
+    };
+    if nodes == 0 || workloads == 0 {
+        usage()
+    }
+    let dir = PathBuf::from(dir);
+    if let Err(e) = write_config(&dir, node, nodes, workloads, endpoint, ttl) {
+        eprintln!(
+            "cluster_sim {node}: cannot write its configuration under {}: {e}",
+            dir.display()
+        );
+        std::process::exit(1)
+    }
+    let root = Root::new(&dir);
+    let loaded = config::load(&root);
+    if !loaded.errors.is_empty() {
+        for e in &loaded.errors {
+            eprintln!("cluster_sim {node}: {e}");
+        }
+        std::process::exit(1)
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    std::process::exit(runtime.block_on(run(root, loaded, node.clone())))
+}
+
+fn write_config(
+    dir: &std::path::Path,
+    node: &str,
+    nodes: usize,
+    workloads: usize,
+    endpoint: &str,
+    ttl: u64,
+) -> std::io::Result<()> {
+    let etc = dir.join("etc/berth");
+    std::fs::create_dir_all(etc.join("workloads"))?;
+    std::fs::write(
+        etc.join("berth.toml"),
+        format!("[cluster]\nnode = \"{node}\"\nendpoints = [\"{endpoint}\"]\nlease_ttl_s = {ttl}\n"),
+    )?;
+    for k in 1..=workloads {
+        let first = (k - 1) * nodes / workloads;
+        let order: Vec<String> = (0..nodes)
+            .map(|i| format!("\"n{}\"", (first + i) % nodes + 1))
+            .collect();
+        std::fs::write(
+            etc.join(format!("workloads/w{k}.toml")),
+            format!(
+                "exec = [\"/bin/true\"]\nha = true\nnodes = [{}]\n",
+                order.join(", ")
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
+    let Some(settings) = loaded.host.cluster.clone() else {
+        eprintln!("cluster_sim {node}: no [cluster] section");
+        return 1;
+    };
+    let events = Events::new("berth-sim");
+    let boot_id = format!("sim-{node}-{}", std::process::id());
+    let ha: BTreeMap<String, String> = berth::cluster::ha_hashes(&loaded);
+    let (mut client, joined) = loop {
+        let attempt = async {
+            let mut client = presence::connect(&settings).await?;
+            let joined = presence::join(
+                &mut client,
+                &settings,
+                &node,
+                &boot_id,
+                &root.state_dir(),
+                ha.clone(),
+                false,
+            )
+            .await?;
+            Ok::<_, presence::ClusterError>((client, joined))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            Err(e) => {
+                eprintln!("cluster_sim {node}: cannot join yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    let lease = joined.lease_id;
+    println!("joined {lease:x}");
+    let state = Arc::new(LeaseState::default());
+    state.lease.store(lease, std::sync::atomic::Ordering::Relaxed);
+    state.set_deadline(joined.deadline);
+    let ha_workloads: Vec<Workload> = loaded
+        .workloads
+        .iter()
+        .filter(|w| w.ha.is_some())
+        .cloned()
+        .collect();
+    let locals = ha_workloads
+        .iter()
+        .filter_map(|w| {
+            Some(Local {
+                name: w.name.clone(),
+                policy: w.ha.clone()?,
+                stop_bound_s: STOP_BOUND_S,
+            })
+        })
+        .collect();
+    let ctx = take::Context {
+        settings: settings.clone(),
+        node: node.clone(),
+        root: root.clone(),
+        workloads: ha_workloads,
+        state: state.clone(),
+        events,
+        api: None,
+        boot_id,
+        ha,
+        announced_frozen: false,
+    };
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        eprintln!("cluster_sim {node}: cannot catch SIGTERM");
+        return 1;
+    };
+    tokio::select! {
+        lost = presence::keep_alive(client.clone(), settings.clone(), lease, state) => {
+            eprintln!("cluster_sim {node}: lease lost ({lost:?})");
+            1
+        }
+        _ = take::run_with(client.clone(), ctx, lease, locals, Arc::new(Recorder)) => 1,
+        _ = term.recv() => {
+            match release(&mut client, &settings.prefix, &node, lease).await {
+                Ok(n) => {
+                    eprintln!("cluster_sim {node}: released {n} workloads");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("cluster_sim {node}: release failed: {e}");
+                    1
+                }
+            }
+        }
+    }
+}
+
+/// As the drain: each key this node owns gets a stop bound of zero, then
+/// goes; then the lease.
+async fn release(
+    client: &mut etcd_client::Client,
+    prefix: &str,
+    node: &str,
+    lease: i64,
+) -> Result<usize, etcd_client::Error> {
+    let keys = Keys::new(prefix);
+    let owners = client
+        .get(keys.owners(), Some(GetOptions::new().with_prefix()))
+        .await?;
+    let mut released = 0;
+    for kv in owners.kvs() {
+        let Ok(mut owner) = serde_json::from_slice::<Owner>(kv.value()) else {
+            continue;
+        };
+        if owner.node != node || kv.lease() != lease {
+            continue;
+        }
+        owner.stop_bound_s = 0;
+        let key = kv.key().to_vec();
+        let mine = Compare::lease(key.clone(), CompareOp::Equal, lease);
+        let value = serde_json::to_vec(&owner).unwrap_or_default();
+        client
+            .txn(Txn::new().when(vec![mine.clone()]).and_then(vec![TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]))
+            .await?;
+        client
+            .txn(
+                Txn::new()
+                    .when(vec![mine])
+                    .and_then(vec![TxnOp::delete(key, None)]),
+            )
+            .await?;
+        released += 1;
+    }
+    client.lease_revoke(lease).await?;
+    Ok(released)
+}
