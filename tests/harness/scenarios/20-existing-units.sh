@@ -29,13 +29,20 @@ check_contains "ordered after the drain" berth-drain.service "$(ct_prop legacy-d
 check_eq "isolate leaves it alone" yes "$(ct_prop legacy-db.service IgnoreOnIsolate)"
 check_eq "its stop timeout is berth's: stop_delay_s 20 + 30" 50s "$(ct_prop legacy-db.service TimeoutStopUSec)"
 # The process tree: its main process and each child, by /proc (the
-# container's cgroup layout depends on the host's).
+# container's cgroup layout depends on the host's). The workload's sleep
+# is a new process every second: a child that ends between the listing
+# and the read is skipped, and the tree is read again until it has both
+# (seen in CI: "cat: /proc/41/cgroup: No such file or directory").
 tree_cgroups() {
     local pid=$1 child
-    ct cat "/proc/$pid/cgroup" | sed -n 's/^0:://p'
-    for child in $(ct cat "/proc/$pid/task/$pid/children"); do tree_cgroups "$child"; done
+    ct cat "/proc/$pid/cgroup" 2>/dev/null | sed -n 's/^0:://p' || true
+    for child in $(ct cat "/proc/$pid/task/$pid/children" 2>/dev/null || true); do tree_cgroups "$child"; done
 }
-cgroups=$(tree_cgroups "$(ct_prop legacy-db.service MainPID)")
+for _ in 1 2 3 4 5; do
+    cgroups=$(tree_cgroups "$(ct_prop legacy-db.service MainPID)")
+    [ "$(printf '%s\n' "$cgroups" | grep -c .)" -lt 2 ] || break
+    sleep 0.3
+done
 check "its process tree (the shell and its sleep) is in its cgroup: $(echo $cgroups)" \
     test "$(printf '%s\n' "$cgroups" | sort -u)" = /berth.slice/legacy-db.service -a "$(printf '%s\n' "$cgroups" | wc -l)" -ge 2
 
