@@ -169,6 +169,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             })
         })
         .collect();
+    let announced_waiting = ha.keys().cloned().collect();
     let ctx = take::Context {
         settings: settings.clone(),
         node: node.clone(),
@@ -180,6 +181,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
         boot_id,
         ha,
         announced_frozen: false,
+        announced_waiting,
     };
     let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
         eprintln!("cluster_sim {node}: cannot catch SIGTERM");

@@ -14,7 +14,7 @@
 //! Node and workload names are checked by the config (letters, digits,
 //! `-`, `_`, `.`): no name can reach outside its directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,13 @@ pub struct Presence {
     /// The node is frozen (node freeze): it takes no HA workload.
     #[serde(default)]
     pub frozen: bool,
+    /// HA workloads nobody owns that this node waits a stop bound of its
+    /// own for, because it did not see their owner key go (it joined,
+    /// restarted or listed anew since): a later candidate that is not
+    /// waiting takes them first (placement). Older versions neither
+    /// write nor read it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub waiting: BTreeSet<String>,
 }
 
 /// `members/N`: a node that joined the cluster, until forgotten.
@@ -194,13 +201,29 @@ mod tests {
             ha: BTreeMap::from([("db".to_string(), "00ff".to_string())]),
             version: "0.1.0".into(),
             frozen: false,
+            waiting: BTreeSet::new(),
         };
         let text = serde_json::to_string(&p).unwrap();
+        // No `waiting` when empty: what older versions wrote.
         assert_eq!(
             text,
             r#"{"state":"shutting-down","boot_id":"b","since":"T","ha":{"db":"00ff"},"version":"0.1.0","frozen":false}"#
         );
         assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), p);
+        let waiting = Presence {
+            waiting: BTreeSet::from(["db".to_string()]),
+            ..p.clone()
+        };
+        let text = serde_json::to_string(&waiting).unwrap();
+        assert!(text.ends_with(r#""frozen":false,"waiting":["db"]}"#), "{text}");
+        assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), waiting);
+        // What a newer version may add is ignored, not refused: a peer's
+        // presence must never become unreadable (absent) by an upgrade.
+        let newer = r#"{"state":"up","boot_id":"b","since":"T","future":1}"#;
+        assert_eq!(
+            serde_json::from_str::<Presence>(newer).unwrap().state,
+            NodeState::Up
+        );
     }
 
     /// (ExecStop= commands, TimeoutStopSec=) → bound.

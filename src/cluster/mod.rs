@@ -323,6 +323,7 @@ async fn membership(
             boot_id: joining.boot_id.clone(),
             ha: joining.ha.clone(),
             announced_frozen: joined.frozen,
+            announced_waiting: joining.ha.keys().cloned().collect(),
         };
         let adopting = adoption::Context {
             settings: settings.clone(),

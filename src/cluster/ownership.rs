@@ -10,8 +10,15 @@
 //! and so the bound; a key that went while this node was not watching
 //! (before it joined, or across a broken watch) is given the bound this
 //! node computes for the workload, counted from when it noticed.
+//!
+//! Such a wait (from a listing, not from a deletion seen) is announced in
+//! the node's presence as `waiting`, and placement passes over a waiting
+//! candidate while a later one qualifies without waiting. Else a first
+//! candidate that restarts more often than once per stop bound would
+//! hold the workload back for good, the later candidates waiting on it
+//! (the liveness defect the cluster soak of issue 15 found).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::keys::{Owner, Presence};
@@ -60,6 +67,9 @@ pub struct View {
     pub owners: BTreeMap<String, OwnerKey>,
     /// Workloads whose owner key went, and when a take may begin.
     pub not_before: BTreeMap<String, Duration>,
+    /// Those of them whose wait began at a listing: nobody here saw the
+    /// key go, so its timing is this node's guess.
+    pub unseen: BTreeSet<String>,
 }
 
 impl View {
@@ -68,6 +78,7 @@ impl View {
         self.owners
             .insert(workload.to_string(), OwnerKey::read(value, lease));
         self.not_before.remove(workload);
+        self.unseen.remove(workload);
     }
 
     /// A key deleted under `owners/` at `now`, with its last value when
@@ -79,6 +90,7 @@ impl View {
             .map(|o| o.stop_bound_s);
         let bound = from_event.or(known).unwrap_or(fallback_s);
         self.not_before.insert(workload.to_string(), after(now, bound));
+        self.unseen.remove(workload);
     }
 
     /// A presence put under `nodes/`; one that cannot be read counts as
@@ -100,10 +112,11 @@ impl View {
 
     /// A fresh listing replaces what the watch built (after a broken
     /// watch, or at the start). An owner key this view held that the
-    /// listing lacks went unseen: its bound counts from `now`. A workload
-    /// of this node's that nobody owns and that this view never saw go
-    /// (`first`: the first listing) gets this node's bound from `now`
-    /// too: nobody can tell when its last owner let go.
+    /// listing lacks went unseen: its bound counts from `now`. With
+    /// `first` (the daemon passes it at every listing), a workload of
+    /// this node's that nobody owns gets this node's bound from `now`
+    /// too, or the wait it had if longer: nobody can tell when its last
+    /// owner let go.
     pub fn relisted(
         &mut self,
         presences: BTreeMap<String, Presence>,
@@ -119,19 +132,25 @@ impl View {
             .map(|(w, k)| (w.clone(), k.owner.stop_bound_s))
             .collect();
         for (w, bound) in gone {
-            self.not_before.insert(w, after(now, bound));
+            self.not_before.insert(w.clone(), after(now, bound));
+            self.unseen.insert(w);
         }
         if first {
+            // Even a wait this view had, from a deletion it saw, may be
+            // out of date: the workload may have been taken and let go
+            // again while no watch ran. Never shorter than that wait.
             for l in locals {
                 if !owners.contains_key(&l.name) {
-                    self.not_before
-                        .entry(l.name.clone())
-                        .or_insert(after(now, l.stop_bound_s));
+                    let t = after(now, l.stop_bound_s);
+                    let wait = self.not_before.entry(l.name.clone()).or_insert(t);
+                    *wait = (*wait).max(t);
+                    self.unseen.insert(l.name.clone());
                 }
             }
         }
         for w in owners.keys() {
             self.not_before.remove(w);
+            self.unseen.remove(w);
         }
         self.presences = presences;
         self.owners = owners;
@@ -141,6 +160,17 @@ impl View {
     /// bound ran out.
     fn ready(&self, workload: &str, now: Duration) -> bool {
         self.not_before.get(workload).is_none_or(|t| now >= *t)
+    }
+
+    /// This node's HA workloads that nobody owns and that it waits for
+    /// from a listing, still: what its presence announces as `waiting`.
+    pub fn waiting(&self, locals: &[Local], now: Duration) -> BTreeSet<String> {
+        locals
+            .iter()
+            .filter(|l| self.unseen.contains(&l.name) && !self.owners.contains_key(&l.name))
+            .filter(|l| !self.ready(&l.name, now))
+            .map(|l| l.name.clone())
+            .collect()
     }
 }
 
@@ -195,8 +225,15 @@ mod tests {
                 .collect(),
             version: String::new(),
             frozen: false,
+            waiting: BTreeSet::new(),
         })
         .unwrap()
+    }
+
+    fn waiting_for(state: NodeState, locals: &[Local], waiting: &BTreeSet<String>) -> Vec<u8> {
+        let mut p: Presence = serde_json::from_slice(&presence(state, locals)).unwrap();
+        p.waiting = waiting.clone();
+        serde_json::to_vec(&p).unwrap()
     }
 
     fn owner(node: &str, bound: u64) -> Vec<u8> {
@@ -284,6 +321,81 @@ mod tests {
         assert_eq!(v.not_before["db"], 40 * S);
         v.owner_deleted("db", None, 30, Duration::ZERO);
         assert_eq!(v.not_before["db"], 30 * S);
+    }
+
+    /// n1, db's first candidate, restarted (a listing: it waits its own
+    /// bound from then, and says so); n2 saw n1's key go and takes db
+    /// once the bound in the key ran out, n1 standing aside.
+    #[test]
+    fn a_waiting_first_candidate_is_passed_over_by_one_that_saw_the_key_go() {
+        let locals = vec![local("db", &["n1", "n2"], 30)];
+        let (mut n1, mut n2) = (View::default(), View::default());
+        n2.presence_put("n1", &presence(NodeState::Up, &locals));
+        n2.presence_put("n2", &presence(NodeState::Up, &locals));
+        n2.owner_put("db", &owner("n1", 30), 7);
+        n2.owner_deleted("db", Some(&owner("n1", 30)), 30, 90 * S);
+        assert!(
+            n2.waiting(&locals, 90 * S).is_empty(),
+            "a deletion seen is no guess"
+        );
+
+        n1.relisted(n2.presences.clone(), BTreeMap::new(), &locals, true, 100 * S);
+        let n1_waits = n1.waiting(&locals, 100 * S);
+        assert_eq!(n1_waits, BTreeSet::from(["db".to_string()]));
+        assert!(n1.waiting(&locals, 130 * S).is_empty(), "the wait ends");
+        for v in [&mut n1, &mut n2] {
+            v.presence_put("n1", &waiting_for(NodeState::Up, &locals, &n1_waits));
+        }
+        assert!(
+            to_take("n2", &locals, &n2, 119 * S).is_empty(),
+            "n2 still waits its bound"
+        );
+        assert_eq!(names(to_take("n2", &locals, &n2, 120 * S)), ["db"]);
+        assert!(to_take("n1", &locals, &n1, 130 * S).is_empty(), "n1 stands aside");
+        n1.owner_put("db", &owner("n2", 30), 8);
+        assert!(
+            n1.waiting(&locals, 100 * S).is_empty(),
+            "owned: nothing to wait for"
+        );
+
+        // Both restarted: both wait from their listing, the first takes.
+        let (mut n1, mut n2) = (View::default(), View::default());
+        n1.relisted(BTreeMap::new(), BTreeMap::new(), &locals, true, 100 * S);
+        n2.relisted(BTreeMap::new(), BTreeMap::new(), &locals, true, 101 * S);
+        let waits = n1.waiting(&locals, 100 * S);
+        for v in [&mut n1, &mut n2] {
+            v.presence_put("n1", &waiting_for(NodeState::Up, &locals, &waits));
+            v.presence_put("n2", &waiting_for(NodeState::Up, &locals, &waits));
+        }
+        assert!(to_take("n2", &locals, &n2, 131 * S).is_empty());
+        assert_eq!(names(to_take("n1", &locals, &n1, 130 * S)), ["db"]);
+        // A deletion seen after the listing replaces the guess.
+        n2.owner_put("db", &owner("n1", 30), 9);
+        n2.owner_deleted("db", Some(&owner("n1", 30)), 30, 140 * S);
+        assert!(n2.waiting(&locals, 140 * S).is_empty());
+        // A key gone while the watch was broken is a guess again.
+        n2.owner_put("db", &owner("n1", 30), 10);
+        n2.relisted(BTreeMap::new(), BTreeMap::new(), &locals, true, 200 * S);
+        assert_eq!(n2.waiting(&locals, 200 * S), BTreeSet::from(["db".to_string()]));
+    }
+
+    /// n2 saw db's key go and its wait ran out; then its watch broke and
+    /// db may have been taken and let go again unseen: the listing makes
+    /// it wait a bound from then (and say so), not take at once; a longer
+    /// wait it had is kept.
+    #[test]
+    fn a_listing_restarts_a_wait_that_ran_out() {
+        let locals = vec![local("db", &["n1", "n2"], 30)];
+        let mut n2 = View::default();
+        n2.owner_put("db", &owner("n1", 30), 7);
+        n2.owner_deleted("db", Some(&owner("n1", 30)), 30, 10 * S);
+        n2.relisted(BTreeMap::new(), BTreeMap::new(), &locals, true, 100 * S);
+        assert_eq!(n2.not_before["db"], 130 * S);
+        assert_eq!(n2.waiting(&locals, 100 * S), BTreeSet::from(["db".to_string()]));
+        n2.owner_put("db", &owner("n1", 90), 8);
+        n2.owner_deleted("db", Some(&owner("n1", 90)), 30, 200 * S);
+        n2.relisted(BTreeMap::new(), BTreeMap::new(), &locals, true, 201 * S);
+        assert_eq!(n2.not_before["db"], 290 * S, "the longer wait is kept");
     }
 
     /// A hostile stop bound (u64::MAX) in a deleted key waits forever

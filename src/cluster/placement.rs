@@ -5,6 +5,13 @@
 //! keys, so they agree on one taker; the create-if-absent transaction
 //! makes sure there is at most one owner even when they do not.
 //!
+//! A candidate whose presence says it is `waiting` for the workload (it
+//! did not see the owner key go, so it waits a stop bound of its own
+//! from when it listed) is passed over while a later one qualifies
+//! without waiting; when all that qualify are waiting, the first takes
+//! it, once its wait is over. Each taker waits its own bound in any
+//! case: this changes who takes, never how soon.
+//!
 //! Only the deletion of an owner key (or a workload never owned) leads
 //! here: a node's state read from its presence never moves a workload
 //! by itself (issue 13, point 2).
@@ -49,11 +56,21 @@ pub fn taker<'a>(
     presences: &BTreeMap<String, Presence>,
 ) -> Option<&'a str> {
     let hash = policy.nodes_hash();
-    policy
+    let qualifying: Vec<&'a String> = policy
         .nodes
         .iter()
-        .find(|n| eligible(presences.get(n.as_str()), workload, &hash).is_ok())
-        .map(String::as_str)
+        .filter(|n| eligible(presences.get(n.as_str()), workload, &hash).is_ok())
+        .collect();
+    let waiting = |n: &&&String| {
+        presences
+            .get(n.as_str())
+            .is_some_and(|p| p.waiting.contains(workload))
+    };
+    qualifying
+        .iter()
+        .find(|n| !waiting(n))
+        .or(qualifying.first())
+        .map(|n| n.as_str())
 }
 
 #[cfg(test)]
@@ -68,6 +85,15 @@ mod tests {
             ha: ha.iter().map(|(w, h)| (w.to_string(), h.to_string())).collect(),
             version: String::new(),
             frozen,
+            waiting: Default::default(),
+        }
+    }
+
+    /// `p`, waiting for `workloads`.
+    fn waiting(p: Presence, workloads: &[&str]) -> Presence {
+        Presence {
+            waiting: workloads.iter().map(|w| w.to_string()).collect(),
+            ..p
         }
     }
 
@@ -130,6 +156,60 @@ mod tests {
                 Some("n2"),
             ),
             ("nobody", [None, None, None], None),
+            (
+                "n1 waiting for db: the next one that is not",
+                [
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(presence(Up, false, &db)),
+                    Some(presence(Up, false, &db)),
+                ],
+                Some("n2"),
+            ),
+            (
+                "n1 and n2 waiting",
+                [
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(presence(Up, false, &db)),
+                ],
+                Some("n3"),
+            ),
+            (
+                "every candidate waiting: the first",
+                [
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                ],
+                Some("n1"),
+            ),
+            (
+                "n1 waiting for another workload only",
+                [
+                    Some(waiting(presence(Up, false, &db), &["web"])),
+                    Some(presence(Up, false, &db)),
+                    None,
+                ],
+                Some("n1"),
+            ),
+            (
+                "the only one not waiting does not qualify: the first that does",
+                [
+                    Some(presence(Up, true, &db)),
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                    Some(waiting(presence(Up, false, &db), &["db"])),
+                ],
+                Some("n2"),
+            ),
+            (
+                "a waiting node that does not qualify is no taker",
+                [
+                    Some(waiting(presence(Maintenance, false, &db), &["db"])),
+                    None,
+                    None,
+                ],
+                None,
+            ),
         ];
         for (what, nodes, want) in cases {
             let presences: BTreeMap<String, Presence> = ["n1", "n2", "n3"]

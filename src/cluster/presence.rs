@@ -7,7 +7,7 @@
 //! `t_send` being when the oldest keep-alive the acknowledgement answered
 //! was sent, on CLOCK_BOOTTIME (a suspended host's lease runs on at etcd).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -187,14 +187,12 @@ pub async fn join(
     // come back onto the live one, and the grace ends now.
     let taken_back =
         super::maintenance::take_back(client, settings, node, boot_id, state_dir, lease_id).await?;
-    announce(
-        client,
-        &keys,
-        node,
-        lease_id,
-        presence(NodeState::Up, boot_id, ha, frozen),
-    )
-    .await?;
+    // Until its first listing says otherwise, the node waits for every
+    // HA workload it has (it did not see any owner key go): a peer that
+    // did see one go takes it first (placement).
+    let mut joining = presence(NodeState::Up, boot_id, ha, frozen);
+    joining.waiting = joining.ha.keys().cloned().collect();
+    announce(client, &keys, node, lease_id, joining).await?;
     let member = Member {
         joined_at: rfc3339(std::time::SystemTime::now()),
     };
@@ -230,6 +228,7 @@ pub fn presence(state: NodeState, boot_id: &str, ha: BTreeMap<String, String>, f
         ha,
         version: env!("CARGO_PKG_VERSION").to_string(),
         frozen,
+        waiting: BTreeSet::new(),
     }
 }
 

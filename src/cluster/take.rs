@@ -5,7 +5,7 @@
 //! and only a transaction that succeeded starts the unit (whose own
 //! `berth owner-check` confirms it once more).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,9 @@ pub struct Context {
     pub ha: BTreeMap<String, String>,
     /// The frozen flag the presence was last put with.
     pub announced_frozen: bool,
+    /// The `waiting` set the presence was last put with (at the join:
+    /// every HA workload).
+    pub announced_waiting: BTreeSet<String>,
 }
 
 /// The stop bound of each HA workload, from its live unit: a workload
@@ -173,7 +176,17 @@ pub async fn run_with(
             continue;
         };
         loop {
-            reannounce(&mut client, &mut ctx, &keys, lease).await;
+            let mut waiting = view.waiting(&locals, boottime());
+            // A workload this node has but cannot take (no bounded stop,
+            // or systemd cannot describe it) is waited for for good, so
+            // that placement passes over this node for it.
+            waiting.extend(
+                ctx.ha
+                    .keys()
+                    .filter(|w| !locals.iter().any(|l| &l.name == *w))
+                    .cloned(),
+            );
+            reannounce(&mut client, &mut ctx, &keys, lease, waiting).await;
             take_due(&mut client, &ctx, &keys, &*starter, &locals, &mut view, lease).await;
             let now = boottime();
             let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
@@ -213,11 +226,19 @@ pub async fn run_with(
 }
 
 /// Puts the presence again when the node's freeze changed, so that peers
-/// place nothing here while it is frozen (and may again after a thaw).
-async fn reannounce(client: &mut Client, ctx: &mut Context, keys: &Keys, lease: i64) {
+/// place nothing here while it is frozen (and may again after a thaw), or
+/// when what it waits for from a listing changed (placement passes over
+/// a waiting node). Idle, neither changes: no write.
+async fn reannounce(
+    client: &mut Client,
+    ctx: &mut Context,
+    keys: &Keys,
+    lease: i64,
+    waiting: BTreeSet<String>,
+) {
     use super::keys::{NodeState, Presence};
     let frozen = super::frozen_now(&ctx.root);
-    if frozen == ctx.announced_frozen {
+    if frozen == ctx.announced_frozen && waiting == ctx.announced_waiting {
         return;
     }
     // Only over a presence that says up: a drain's shutting-down or
@@ -227,18 +248,38 @@ async fn reannounce(client: &mut Client, ctx: &mut Context, keys: &Keys, lease: 
         return;
     };
     let Some(kv) = now.kvs().first() else { return };
-    if !serde_json::from_slice::<Presence>(kv.value()).is_ok_and(|p| p.state == NodeState::Up) {
+    let Some(was) = serde_json::from_slice::<Presence>(kv.value())
+        .ok()
+        .filter(|p| p.state == NodeState::Up)
+    else {
         ctx.announced_frozen = frozen;
+        ctx.announced_waiting = waiting;
         return;
-    }
-    let p = super::presence::presence(NodeState::Up, &ctx.boot_id, ctx.ha.clone(), frozen);
+    };
+    let mut p = super::presence::presence(NodeState::Up, &ctx.boot_id, ctx.ha.clone(), frozen);
+    // Still up since then: a change of flags is no new state.
+    p.since = was.since;
+    p.waiting = waiting.clone();
     let put = super::presence::announce_if_unchanged(client, keys, &ctx.node, lease, p, kv.mod_revision());
     if let Ok(Ok(true)) = tokio::time::timeout(CALL_TIMEOUT, put).await {
+        if frozen != ctx.announced_frozen {
+            ctx.events.info(&format!(
+                "cluster: the node is {}: presence announced so",
+                if frozen { "frozen" } else { "thawed" }
+            ));
+        }
+        if waiting != ctx.announced_waiting {
+            ctx.events.info(&format!(
+                "cluster: presence announced waiting for {} (unowned workloads whose owner key this node did not see go)",
+                if waiting.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    waiting.iter().cloned().collect::<Vec<_>>().join(" ")
+                }
+            ));
+        }
         ctx.announced_frozen = frozen;
-        ctx.events.info(&format!(
-            "cluster: the node is {}: presence announced so",
-            if frozen { "frozen" } else { "thawed" }
-        ));
+        ctx.announced_waiting = waiting;
     }
 }
 
@@ -267,7 +308,7 @@ fn released(ctx: &Context, workload: &str, last: Option<&[u8]>, view: &View) {
         .get(workload)
         .map_or(0, |t| t.saturating_sub(boottime()).as_secs());
     ctx.events.info(&format!(
-        "cluster: the owner key of {workload} went (last owner {}); its first qualifying candidate takes it in {wait} s",
+        "cluster: the owner key of {workload} went (last owner {}); a candidate may take it in {wait} s",
         last_owner.escape_debug()
     ));
 }

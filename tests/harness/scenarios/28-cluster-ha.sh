@@ -19,8 +19,12 @@
 #   inside a TTL);
 # - etcd down for everyone: the owner fences, and starts db again once
 #   etcd is back and its key is confirmed; the other node takes nothing;
-# - the whole root of the owner killed: the last node takes db only after
-#   the lease expired and the stop bound in the key ran out;
+# - the whole root of the owner killed while db's first candidate (n1,
+#   booted again) has its daemon SIGKILLed every 10 s, less than a stop
+#   bound: each restart lists the keys, so n1 waits a bound of its own
+#   and says so in its presence (`waiting`), and the last node, which saw
+#   the key go, takes db only after the lease expired and the stop bound
+#   in the key ran out, not held back by n1;
 # - the last owner (n3) powered off while cut off from etcd: its drain
 #   stops db at the lease deadline, ahead of a slow workload the drain
 #   order puts first (a peer could start db after the lease and the stop
@@ -236,15 +240,40 @@ check_eq "... its key is the same one, still n2's; n3 took nothing" "$revision n
     "$(create_revision_of /berth/owners/db) $(owner) $(took n3)"
 check "... once the key was confirmed on its lease" says_more n2 "fence lifted: db's owner key is still on lease" 0
 
+# n1, db's first candidate, boots again (the same host) while n2 owns db.
+present() { [ -n "$(lease_of "/berth/nodes/$1")" ]; }
+CT_KEEP_STATE=1 node_boot n1 ""
+check "n1 boots again and joins" wait_for 60 present n1
+check_eq "... db stays on n2" "n2 n2" "$(running_on) $(owner)"
+
 # The whole root of n2 killed (its PID 1, SIGKILL): nobody releases
 # anything. n3 takes db after n2's lease expired and the stop bound ran
-# out: no earlier than the bound after the kill.
+# out: no earlier than the bound after the kill. Meanwhile n1's daemon is
+# SIGKILLed every 10 s (systemd restarts it): each start lists the keys
+# and waits a stop bound of its own for db, so n1 would never take db;
+# it says it is waiting, and n3 takes db without waiting for it.
 waited=$(count_in n3 'the owner key of db went (last owner n2)')
+n1_took=$(took n1)
 killed=$(date +%s.%N)
 kill -9 "${NODE_PID[n2]}"
+restarts=$HARNESS_DIR/run/28-n1-restarts
+: >"$restarts"
+(
+    while sleep 10; do
+        on n1 systemctl kill --signal=KILL berth-daemon.service && echo "$(date +%s.%N)" >>"$restarts"
+    done
+) &
+restarter=$!
+n1_waits() { etcdctl get /berth/nodes/n1 --print-value-only | grep -qF '"waiting":["db"]'; }
+check "n1's daemon restarted after the kill: its presence says it waits for db" wait_for 40 n1_waits
 node_use n2
 ct_wait_exit 30
-check "n2 killed: n3 takes db" wait_for $((TTL + BOUND + 20)) is_running_on n3 n3
+check "n2 killed: n3 takes db" wait_for $((TTL + BOUND + 20)) is_running_on n3 n1 n3
+kill "$restarter" 2>/dev/null || true
+wait "$restarter" 2>/dev/null || true
+check "... while n1's daemon was SIGKILLed every 10 s ($(wc -l <"$restarts") times)" \
+    test "$(wc -l <"$restarts")" -ge 3
+check_eq "... n1 took nothing" "$n1_took" "$(took n1)"
 check_eq "... and owns it" n3 "$(owner)"
 n3_started=$(ev n3 start)
 after=$(python3 -c "print(round($n3_started - $killed, 2))")

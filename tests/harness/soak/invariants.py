@@ -249,13 +249,13 @@ def report(soak):
             print("stalled-host window: no double run after the long freeze (nobody had taken over)")
             counts["stalled_window_s"] = 0.0
 
-    # Unowned: no running copy through [t - bound, t] while a candidate
-    # was healthy through it, and no candidate before it in the list went
-    # down or came up then (the first qualifying candidate takes a
-    # workload, and one that comes back waits a stop bound of its own).
-    # Also counted, not judged: the same with any candidate up, whatever
-    # those before it did (a first candidate that keeps restarting holds a
-    # workload back: see the issue 15 note).
+    # Unowned (the issue's rule, judged): no running copy through
+    # [t - bound, t] while some candidate was healthy through it, whatever
+    # the others did. Also counted, for comparison with the first
+    # version: the narrower rule that excuses a window in which a
+    # candidate before the healthy one went down or came up (before
+    # placement passed over a waiting candidate, a first candidate that
+    # kept restarting held a workload back).
     overdue, strict, longest, moves = 0, 0, 0.0, 0
     for w, candidates in ha.items():
         gap_since, flagged, flagged_strict, last = None, False, False, None
@@ -273,9 +273,12 @@ def report(soak):
                 gap_since = t
             if t - gap_since < bound:
                 continue
-            if not flagged_strict and any(healthy_through(spans[c], t - bound, t) for c in candidates):
+            healthy = [c for c in candidates if healthy_through(spans[c], t - bound, t)]
+            if not flagged_strict and healthy:
                 strict += 1
                 flagged_strict = True
+                print(f"UNOWNED: {w} has run nowhere since {gap_since:.1f} ({t - gap_since:.0f} s) "
+                      f"while {','.join(healthy)} was up throughout")
             if flagged:
                 continue
             up = []
@@ -287,8 +290,6 @@ def report(soak):
             if up:
                 overdue += 1
                 flagged = True
-                print(f"UNOWNED: {w} has run nowhere since {gap_since:.1f} ({t - gap_since:.0f} s) "
-                      f"while {','.join(up)} was up")
     counts["unowned_past_bound"] = overdue
     counts["unowned_past_bound_any_candidate"] = strict
     # For the note: the longest time an HA workload ran nowhere, whatever
