@@ -132,6 +132,15 @@ pub async fn run_with(
 ) {
     let keys = Keys::new(&ctx.settings.prefix);
     let mut view = View::default();
+    // A workload this node has but cannot take (no bounded stop, or
+    // systemd cannot describe it) is waited for for good, so that
+    // placement passes over this node for it.
+    let untakeable: BTreeSet<String> = ctx
+        .ha
+        .keys()
+        .filter(|w| !locals.iter().any(|l| &l.name == *w))
+        .cloned()
+        .collect();
     loop {
         let listed = tokio::time::timeout(
             CALL_TIMEOUT,
@@ -177,15 +186,7 @@ pub async fn run_with(
         };
         loop {
             let mut waiting = view.waiting(&locals, boottime());
-            // A workload this node has but cannot take (no bounded stop,
-            // or systemd cannot describe it) is waited for for good, so
-            // that placement passes over this node for it.
-            waiting.extend(
-                ctx.ha
-                    .keys()
-                    .filter(|w| !locals.iter().any(|l| &l.name == *w))
-                    .cloned(),
-            );
+            waiting.extend(untakeable.iter().cloned());
             reannounce(&mut client, &mut ctx, &keys, lease, waiting).await;
             take_due(&mut client, &ctx, &keys, &*starter, &locals, &mut view, lease).await;
             let now = boottime();
