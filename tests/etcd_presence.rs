@@ -202,6 +202,41 @@ fn presence_lease_resume_revoke_and_expiry() {
         );
         keeper.abort();
 
+        // A daemon that comes back late in its lease (a crash, then
+        // RestartSec=) renews it at its join: its fence deadline is a
+        // whole TTL less the margin ahead, not what was left of the lease.
+        // The keep-alives renewed the lease until just now: 0.8 s later at
+        // most 2.2 s of it are left, so a resume that only read the TTL
+        // would give a deadline at most 2 - 1.2 s past the join's start.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let sent = boottime();
+        let late = presence::join(
+            &mut client,
+            &s,
+            "n1",
+            "boot-a",
+            state_dir.path(),
+            ha.clone(),
+            false,
+        )
+        .await
+        .unwrap();
+        assert!(late.resumed);
+        assert!(
+            late.deadline >= sent + Duration::from_millis(1800),
+            "deadline {:?} should be at least TTL - margin (1.8 s) past the join's start {sent:?}",
+            late.deadline
+        );
+        let renewed = client
+            .lease_time_to_live(first.lease_id, None)
+            .await
+            .unwrap()
+            .ttl();
+        assert!(
+            renewed >= 2,
+            "renewed to its 3 s TTL at the join, not left to run out ({renewed} s left)"
+        );
+
         // After a new boot the old lease is revoked at once, not left to
         // expire, and a new one granted.
         let after_boot = presence::join(

@@ -283,7 +283,7 @@ async fn membership(
     let mut first = true;
     let mut first_contact = None;
     loop {
-        let (client, joined) = join_until_joined(joining, &node, root, events).await;
+        let (client, joined) = join_until_joined(joining, &node, root, state, events).await;
         // The grace counts from the first contact, over every join until
         // it is over (a lease lost during it does not skip it).
         let contact = *first_contact.get_or_insert_with(tokio::time::Instant::now);
@@ -478,6 +478,7 @@ async fn join_until_joined(
     joining: &Joining,
     node: &str,
     root: &Root,
+    state: &LeaseState,
     events: &Events,
 ) -> (etcd_client::Client, presence::Joined) {
     let settings = &joining.settings;
@@ -485,7 +486,19 @@ async fn join_until_joined(
     loop {
         let attempt = async {
             let mut client = presence::connect(settings).await?;
-            let joined = presence::join(
+            let lease =
+                presence::take_lease(&mut client, settings, &joining.boot_id, &root.state_dir()).await?;
+            // A lease resumed with no hand-over pending (a crash, not a
+            // stop): the owner keys on it are still this node's, and the
+            // fence (and the timer the previous daemon armed) stands down
+            // now, not after the join's writes. Keys on a maintenance
+            // lease come back only with the join's take-back.
+            if lease.resumed && maintenance::maintenance_lease(&root.state_dir(), &joining.boot_id).is_none()
+            {
+                state.lease.store(lease.id, Ordering::Relaxed);
+                state.set_deadline(lease.deadline);
+            }
+            let joined = presence::join_on(
                 &mut client,
                 settings,
                 node,
@@ -493,6 +506,7 @@ async fn join_until_joined(
                 &root.state_dir(),
                 joining.ha.clone(),
                 frozen_now(root),
+                lease,
             )
             .await?;
             Ok::<_, presence::ClusterError>((client, joined))

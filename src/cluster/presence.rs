@@ -135,16 +135,84 @@ pub struct Joined {
     pub granted_ttl_s: i64,
     /// Owner keys moved back from the maintenance lease.
     pub taken_back: usize,
-    /// The fence deadline the grant (or the resumed lease's remaining
-    /// TTL) gives, counted from before the request was sent.
+    /// The fence deadline the grant (or the renewal of a resumed lease)
+    /// gives, counted from before the request was sent.
     pub deadline: Duration,
     /// The frozen flag of the presence put.
     pub frozen: bool,
 }
 
-/// Takes the node's lease (resumed when the record is of this boot and
-/// etcd still has it; the lease of an earlier boot is revoked) and puts
-/// its presence, its last state and, the first time, its member key.
+/// The lease a join is made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub id: i64,
+    /// The lease of this boot was still alive: a restart, not a new boot.
+    pub resumed: bool,
+    pub granted_ttl_s: i64,
+    /// The fence deadline the grant (or the renewal of a resumed lease)
+    /// gives, counted from before the request was sent.
+    pub deadline: Duration,
+}
+
+/// Takes the node's lease: the one of this boot when etcd still has it,
+/// renewed at once (a daemon that restarted within its lease moves its
+/// fence deadline before the join's writes, which wait on etcd's disk);
+/// otherwise a new one, the lease of an earlier boot revoked.
+pub async fn take_lease(
+    client: &mut Client,
+    settings: &ClusterSettings,
+    boot_id: &str,
+    state_dir: &Path,
+) -> Result<Lease, ClusterError> {
+    let margin = settings.fence_margin();
+    let deadline =
+        |sent: Duration, ttl: i64| (sent + Duration::from_secs(ttl.max(0) as u64)).saturating_sub(margin);
+    if let Ok(old) = read_lease_record(state_dir) {
+        if old.boot_id == boot_id {
+            let granted = client.lease_time_to_live(old.lease_id, None).await?;
+            // etcd rounds the remaining TTL down to whole seconds: a lease
+            // in its last second says 0. A lease it does not have says
+            // granted 0; the keep-alive decides for any other.
+            if granted.granted_ttl() > 0 {
+                // Reading the TTL renews nothing: a keep-alive does, to the
+                // granted TTL, from no earlier than `sent`.
+                let sent = boottime();
+                let renewed = tokio::time::timeout(CALL_TIMEOUT, client.lease_keep_alive(old.lease_id))
+                    .await
+                    .map_err(|_| {
+                        ClusterError::Etcd(format!("no answer to a keep-alive within {CALL_TIMEOUT:?}"))
+                    })?;
+                match renewed {
+                    Ok(_) => {
+                        return Ok(Lease {
+                            id: old.lease_id,
+                            resumed: true,
+                            granted_ttl_s: granted.granted_ttl(),
+                            deadline: deadline(sent, granted.granted_ttl()),
+                        });
+                    }
+                    // It expired between the two calls.
+                    Err(etcd_client::Error::LeaseKeepAliveError(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        } else {
+            // A lease of an earlier boot: nothing of that boot runs any
+            // more; its keys go now rather than at its expiry.
+            let _ = client.lease_revoke(old.lease_id).await;
+        }
+    }
+    let sent = boottime();
+    let g = client.lease_grant(settings.lease_ttl_s as i64, None).await?;
+    Ok(Lease {
+        id: g.id(),
+        resumed: false,
+        granted_ttl_s: g.ttl(),
+        deadline: deadline(sent, g.ttl()),
+    })
+}
+
+/// Takes the node's lease ([`take_lease`]) and joins on it ([`join_on`]).
 pub async fn join(
     client: &mut Client,
     settings: &ClusterSettings,
@@ -154,28 +222,25 @@ pub async fn join(
     ha: BTreeMap<String, String>,
     frozen: bool,
 ) -> Result<Joined, ClusterError> {
+    let lease = take_lease(client, settings, boot_id, state_dir).await?;
+    join_on(client, settings, node, boot_id, state_dir, ha, frozen, lease).await
+}
+
+/// Records `lease` as the node's, and puts its presence, its last state
+/// and, the first time, its member key.
+#[allow(clippy::too_many_arguments)]
+pub async fn join_on(
+    client: &mut Client,
+    settings: &ClusterSettings,
+    node: &str,
+    boot_id: &str,
+    state_dir: &Path,
+    ha: BTreeMap<String, String>,
+    frozen: bool,
+    lease: Lease,
+) -> Result<Joined, ClusterError> {
     let keys = Keys::new(&settings.prefix);
-    let mut resumed = None;
-    let sent = boottime();
-    if let Ok(old) = read_lease_record(state_dir) {
-        if old.boot_id == boot_id {
-            let ttl = client.lease_time_to_live(old.lease_id, None).await?.ttl();
-            if ttl > 0 {
-                resumed = Some((old.lease_id, ttl));
-            }
-        } else {
-            // A lease of an earlier boot: nothing of that boot runs any
-            // more; its keys go now rather than at its expiry.
-            let _ = client.lease_revoke(old.lease_id).await;
-        }
-    }
-    let (lease_id, granted_ttl_s) = match resumed {
-        Some(r) => r,
-        None => {
-            let g = client.lease_grant(settings.lease_ttl_s as i64, None).await?;
-            (g.id(), g.ttl())
-        }
-    };
+    let lease_id = lease.id;
     write_lease_record(
         state_dir,
         &LeaseRecord {
@@ -210,11 +275,10 @@ pub async fn join(
         .await?;
     Ok(Joined {
         lease_id,
-        resumed: resumed.is_some(),
-        granted_ttl_s,
+        resumed: lease.resumed,
+        granted_ttl_s: lease.granted_ttl_s,
         taken_back,
-        deadline: (sent + Duration::from_secs(granted_ttl_s.max(0) as u64))
-            .saturating_sub(settings.fence_margin()),
+        deadline: lease.deadline,
         frozen,
     })
 }
