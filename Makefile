@@ -2,9 +2,10 @@
 #
 #   make                      build binaries and units (release)
 #   make install DESTDIR= PREFIX=
-#   make check                the whole test suite: lint, cargo tests, and
+#   make check [HARNESS_JOBS=] [HARNESS_SUITES=]
+#                             the whole test suite: lint, cargo tests,
 #                             container scenarios (root: boots systemd),
-#                             the fault-injection suite included
+#                             the fault-injection suite and a short soak
 #   make check-faults         the fault-injection suite alone
 #   make soak [SOAK_FAULTS=]  the cluster soak: random faults, invariant checker
 #   make demo                 a throwaway systemd container running the examples
@@ -134,37 +135,38 @@ lint:
 	$(CARGO) clippy --all-targets $(CARGO_FLAGS) -- -D warnings
 	for page in $(MAN_PAGES); do mandoc -Tlint -W warning $(BUILD_DIR)/man/$$page || exit 1; done
 
-# The whole suite: unit, golden, verify and escaper tests, then the
-# container scenarios against a real systemd, twice: Debian 12's systemd 252
-# and Debian 13's systemd 257 (they differ where berth must care, e.g. a
-# user manager's %S).
-# The fault-injection suite (tests/harness/faults: daemon kills under
-# churn, a drain against a stalled bus, an API flood) runs with them; `make
-# check-faults` runs it alone.
+# The whole suite (tests/harness/check): lint, unit, golden, verify and
+# escaper tests, then the container scenarios against a real systemd on
+# Debian 12's systemd 252 and Debian 13's systemd 257 (they differ where
+# berth must care, e.g. a user manager's %S), the fault-injection suite
+# (tests/harness/faults: daemon kills under churn, a drain against a
+# stalled bus, an API flood) and a short cluster soak (SOAK_FAULTS faults
+# per suite, default 12), all side by side: HARNESS_JOBS at once (default
+# 4). One release build serves the whole run; a phase table ends it.
+# `make check-faults` runs the fault suite alone; `tests/harness/run NAME`
+# runs one scenario.
 HARNESS_SUITES ?= bookworm trixie
-check: deps
-	$(MAKE) all
-	$(MAKE) lint
-	$(CARGO) test $(CARGO_FLAGS)
-	python3 tests/harness/soak/test_invariants.py
-	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite HARNESS_SETS="scenarios faults" tests/harness/run || exit 1; done
+HARNESS_JOBS ?= 4
+SOAK_FAULTS ?=
+check:
+	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' SOAK_FAULTS='$(or $(SOAK_FAULTS),12)' \
+		tests/harness/check
 
 check-faults: deps
 	$(MAKE) all
-	for suite in $(HARNESS_SUITES); do HARNESS_SUITE=$$suite HARNESS_SETS=faults tests/harness/run || exit 1; done
+	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' HARNESS_SETS=faults tests/harness/run
 
-# The cluster soak (issue 15; tests/harness/soak): three booted nodes, a
-# real etcd, five HA workloads, SOAK_FAULTS random faults (daemon kills and
-# stops, partitions, relay and etcd restarts, power-offs, root kills and
+# The cluster soak (tests/harness/soak): three booted nodes, a real etcd,
+# five HA workloads, SOAK_FAULTS random faults (daemon kills and stops,
+# partitions, relay and etcd restarts, power-offs, root kills and
 # freezes) and an invariant checker sampling every root's cgroups. About
-# 30 min per suite at 100 faults; not part of `make check`. .ci/run runs a
-# short one (SOAK_FAULTS=12). SOAK_SEED=N repeats a run's faults.
-SOAK_FAULTS ?= 100
-SOAK_SUITES ?= $(HARNESS_SUITES)
+# 25 min per suite at 100 faults (the default here); `make check` runs a
+# short one (12). The suites run side by side. SOAK_SEED=N repeats a
+# run's faults.
 soak: deps
 	$(MAKE) all
 	python3 tests/harness/soak/test_invariants.py
-	for suite in $(SOAK_SUITES); do HARNESS_SUITE=$$suite HARNESS_SETS=soak SOAK_FAULTS=$(SOAK_FAULTS) tests/harness/run || exit 1; done
+	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_SETS=soak SOAK_FAULTS='$(or $(SOAK_FAULTS),100)' tests/harness/run
 
 demo: deps
 	$(MAKE) all

@@ -57,15 +57,36 @@ pub fn built_units() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let status = Command::new("make")
-                .args(["-s", "units", "PREFIX=/usr", "BUILD_DIR=target/test-units"])
-                .current_dir(repo())
-                .status()
-                .expect("run make units");
+            let mut make = Command::new("make");
+            make.args(["-s", "units", "PREFIX=/usr", "BUILD_DIR=target/test-units"])
+                .current_dir(repo());
+            // `make units` runs the release build. What `cargo test` sets
+            // for this test binary (CARGO_MANIFEST_DIR, CARGO_PKG_*, ...)
+            // is not the build's environment: ring's build script tracks
+            // CARGO_MANIFEST_DIR, so with it the release build is
+            // compiled again, here and at the next plain `make`.
+            for (key, _) in std::env::vars_os() {
+                if is_cargo_test_var(&key.to_string_lossy()) {
+                    make.env_remove(&key);
+                }
+            }
+            let status = make.status().expect("run make units");
             assert!(status.success(), "make units failed");
             repo().join("target/test-units/units/system")
         })
         .clone()
+}
+
+/// The variables cargo sets for a test binary, as opposed to those that
+/// configure cargo itself (CARGO_HOME, CARGO_TARGET_DIR, CARGO_BUILD_*).
+pub fn is_cargo_test_var(key: &str) -> bool {
+    const PREFIXES: [&str; 4] = ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_"];
+    const NAMES: [&str; 3] = [
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    PREFIXES.iter().any(|p| key.starts_with(p)) || NAMES.contains(&key)
 }
 
 /// Every file and symlink under `dir`, relative, sorted.

@@ -9,32 +9,46 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-HARNESS_DIR=${HARNESS_DIR:-$REPO/target/harness}
 SUITE=${HARNESS_SUITE:-bookworm}
+# One directory per suite (installed roots, containers' files, results),
+# so that both suites' scenarios run side by side.
+HARNESS_ROOT=${HARNESS_ROOT:-$REPO/target/harness}
+HARNESS_DIR=${HARNESS_DIR:-$HARNESS_ROOT/$SUITE}
+# Pristine roots made of Debian's packages alone (no berth in them): kept
+# on the machine between runs, outside any checkout, and rebuilt when their
+# recipe changes or a new week begins (the archive moves on).
+HARNESS_CACHE=${HARNESS_CACHE:-/var/cache/berth-harness}
+HARNESS_WEEK=${HARNESS_WEEK:-$(date -u +%G-W%V)}
 # What the root needs beyond minbase: systemd as init, the bus, and what a
 # user manager needs (pam_systemd, the user bus) for later user-mode tests.
 INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,dbus-user-session
-BASE=$HARNESS_DIR/base-$SUITE
-ROOTFS=$HARNESS_DIR/root-$SUITE
+BASE=$HARNESS_CACHE/base-$SUITE
+ROOTFS=$HARNESS_DIR/root
 BOOT_TIMEOUT=${HARNESS_BOOT_TIMEOUT:-90}
 
 log() { printf '%s\n' "$*" >&2; }
 die() { log "harness: $*"; exit 1; }
 
-# One harness run at a time on a machine. The containers boot with
-# --keep-unit from the caller's cgroup: two at once share it, and each
-# one's systemd removes the other's cgroups (seen: a drain that could not
-# start, "Failed to attach to cgroup", and KillUnit failing with EIO). The
-# lock is taken once per run; scenarios and benchmarks started by it
-# inherit it.
-if [ -z "${BERTH_HARNESS_LOCK_FD:-}" ] && [ -w /run/lock ]; then
-    exec {BERTH_HARNESS_LOCK_FD}>/run/lock/berth-harness.lock
-    if ! flock -n "$BERTH_HARNESS_LOCK_FD"; then
-        log "harness: another harness run holds /run/lock/berth-harness.lock; waiting for it"
-        flock "$BERTH_HARNESS_LOCK_FD"
+# One harness run at a time per harness directory: the installed roots
+# and the containers' directories there are the run's. Runs in other
+# directories (the other suite, another checkout) go on beside it; each
+# container has cgroups of its own (ct_boot). The lock is taken once per
+# run: tests/harness/run takes it for every suite and names the
+# directories it holds in BERTH_HARNESS_LOCKED, for the scenarios it
+# starts. HARNESS_NO_LOCK=1: for what touches no root (a requirement check,
+# the Debian packages).
+harness_lock() {
+    case " ${BERTH_HARNESS_LOCKED:-} " in *" $HARNESS_DIR "*) return 0 ;; esac
+    [ "$(id -u)" = 0 ] || return 0
+    mkdir -p "$HARNESS_DIR"
+    exec {harness_lock_fd}>"$HARNESS_DIR/.lock"
+    if ! flock -n "$harness_lock_fd"; then
+        log "harness: another run holds $HARNESS_DIR/.lock; waiting for it"
+        flock "$harness_lock_fd"
     fi
-    export BERTH_HARNESS_LOCK_FD
-fi
+    export BERTH_HARNESS_LOCKED="${BERTH_HARNESS_LOCKED:-} $HARNESS_DIR"
+}
+[ "${HARNESS_NO_LOCK:-}" = 1 ] || harness_lock
 
 # ---------------------------------------------------------------------------
 # Requirements: outside CI a missing requirement skips loudly; under
@@ -62,29 +76,43 @@ apt_mirror() {
     printf '%s\n' "${m:-http://deb.debian.org/debian}"
 }
 
-# A pristine debootstrapped root, built once and reused while its recipe
-# is unchanged (CI starts from a fresh clone, so CI builds it fresh).
+# cached NAME STAMP: whether the cached image NAME is a finished build of
+# STAMP. Builders hold cache_lock NAME, so that two runs (both suites,
+# another checkout) never build or replace one image at once.
+cached() { [ -f "$HARNESS_CACHE/$1/.berth-harness" ] && [ "$(cat "$HARNESS_CACHE/$1/.berth-harness")" = "$2" ]; }
+cache_lock() {
+    mkdir -p "$HARNESS_CACHE"
+    exec {cache_lock_fd}>"$HARNESS_CACHE/.lock-$1"
+    flock "$cache_lock_fd"
+}
+cache_unlock() { exec {cache_lock_fd}>&-; }
+
+# A pristine debootstrapped root, built once a week per recipe and kept
+# in the cache.
 harness_base() {
-    local stamp="$SUITE $INCLUDE"
-    if [ -f "$BASE/.berth-harness" ] && [ "$(cat "$BASE/.berth-harness")" = "$stamp" ]; then
-        return
+    local stamp="$SUITE $INCLUDE $HARNESS_WEEK"
+    cached "base-$SUITE" "$stamp" && return
+    cache_lock "base-$SUITE"
+    if ! cached "base-$SUITE" "$stamp"; then
+        log "harness: debootstrap $SUITE into $BASE (about 40 s)"
+        rm -rf "$BASE" "$BASE.tmp"
+        mkdir -p "$HARNESS_DIR"
+        debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$BASE.tmp" "$(apt_mirror)" \
+            >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
+        printf '%s\n' "$stamp" >"$BASE.tmp/.berth-harness"
+        mv "$BASE.tmp" "$BASE"
     fi
-    log "harness: debootstrap $SUITE into $BASE (about 40 s)"
-    rm -rf "$BASE" "$BASE.tmp"
-    mkdir -p "$HARNESS_DIR"
-    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$BASE.tmp" "$(apt_mirror)" \
-        >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
-    printf '%s\n' "$stamp" >"$BASE.tmp/.berth-harness"
-    mv "$BASE.tmp" "$BASE"
+    cache_unlock
 }
 
 # A fresh copy of the base with berth installed the way a packager would
 # (make install DESTDIR=… PREFIX=/usr) and berth.target enabled, plus the
-# harness's own test programs under /opt/berth-test.
+# harness's own test programs under /opt/berth-test. A run prepares it
+# once (tests/harness/run exports HARNESS_PREPARED=1); a scenario started
+# on its own prepares it itself.
 harness_prepare() {
     harness_base
     harness_install "$BASE" "$ROOTFS"
-    touch "$HARNESS_DIR/.prepared"
 }
 
 # harness_install FROM TO: TO becomes a copy of the root FROM with berth
@@ -107,13 +135,29 @@ harness_install() {
     systemctl --root="$to" mask console-getty.service >/dev/null 2>&1 || true
 }
 
+# harness_debs DIR: the Debian package of this tree (make deb) into DIR, as
+# debian/changelog's version and as the next Debian revision (what an
+# upgrade looks like to dpkg); the second reuses cargo's build. Built once
+# per run for both suites (tests/harness/run), or by scenario 13 on its own.
+harness_debs() {
+    local dir=$1 v1 v2
+    v1=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
+    v2=${v1%-*}-$((${v1##*-} + 1))
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    make -s -C "$REPO" deb BUILD_DIR="$dir/build" DEB_DIR="$dir" >"$dir/deb-$v1.log" 2>&1 \
+        || die "make deb failed; see $dir/deb-$v1.log"
+    make -s -C "$REPO" deb BUILD_DIR="$dir/build" DEB_DIR="$dir" DEB_VERSION="$v2" >"$dir/deb-$v2.log" 2>&1 \
+        || die "make deb DEB_VERSION=$v2 failed; see $dir/deb-$v2.log"
+}
+
 # A root with rootful podman and a local image (busybox, no registry), for
 # the container scenarios: the base plus podman, built once per recipe;
 # then, like ROOTFS, a copy with berth installed. The quadlets of
 # tests/harness/containers go to /etc/containers/systemd (trixie's podman
 # 5 generates their units; bookworm's 4.3 has no quadlet).
-PODMAN_BASE=$HARNESS_DIR/base-$SUITE-podman
-PODMAN_ROOTFS=$HARNESS_DIR/root-$SUITE-podman
+PODMAN_BASE=$HARNESS_CACHE/base-$SUITE-podman
+PODMAN_ROOTFS=$HARNESS_DIR/root-podman
 # What podman needs of nspawn here: bpf(2) through nspawn's seccomp filter
 # (the device cgroup program) and CAP_NET_ADMIN (a container's own network
 # namespace brings up lo, even with --network=none); and, on a host with
@@ -121,14 +165,16 @@ PODMAN_ROOTFS=$HARNESS_DIR/root-$SUITE-podman
 # (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1), where the runtime can make its
 # cgroups.
 PODMAN_NSPAWN_OPTS=(--system-call-filter=bpf --capability=CAP_NET_ADMIN)
-harness_podman_root() {
+harness_podman_base() {
     harness_base
     # bookworm's crun 1.8.1 cannot start a container under nspawn (it
     # raises RLIMIT_MEMLOCK and is refused): runc there.
     local packages="podman busybox-static"
     [ "$SUITE" != bookworm ] || packages="$packages runc"
-    local stamp="$SUITE $INCLUDE + $packages, vfs, localhost/berth-test v1"
-    if ! { [ -f "$PODMAN_BASE/.berth-harness" ] && [ "$(cat "$PODMAN_BASE/.berth-harness")" = "$stamp" ]; }; then
+    local stamp="$SUITE $INCLUDE + $packages, vfs, localhost/berth-test v1 $HARNESS_WEEK"
+    cached "base-$SUITE-podman" "$stamp" && return
+    cache_lock "base-$SUITE-podman"
+    if ! cached "base-$SUITE-podman" "$stamp"; then
         log "harness: podman into $PODMAN_BASE (about 30 s)"
         rm -rf "$PODMAN_BASE" "$PODMAN_BASE.tmp"
         cp -a "$BASE" "$PODMAN_BASE.tmp"
@@ -164,6 +210,10 @@ harness_podman_root() {
         printf '%s\n' "$stamp" >"$r/.berth-harness"
         mv "$r" "$PODMAN_BASE"
     fi
+    cache_unlock
+}
+harness_podman_root() {
+    harness_podman_base
     harness_install "$PODMAN_BASE" "$PODMAN_ROOTFS"
     install -d "$PODMAN_ROOTFS/etc/containers/systemd"
     install -m644 "$REPO"/tests/harness/containers/*.service "$PODMAN_ROOTFS/etc/systemd/system/"
@@ -177,15 +227,17 @@ harness_podman_root() {
 # once per recipe, like the bases. The guests' domains are defined in the
 # root (/etc/libvirt/qemu) from tests/harness/guests/domain.xml, their
 # files under /vm (a directory the scenario binds there).
-VIRT_BASE=$HARNESS_DIR/base-$SUITE-libvirt
-VIRT_ROOTFS=$HARNESS_DIR/root-$SUITE-libvirt
-GUEST_DIR=$HARNESS_DIR/guest-$SUITE
-harness_libvirt_root() {
+VIRT_BASE=$HARNESS_CACHE/base-$SUITE-libvirt
+VIRT_ROOTFS=$HARNESS_DIR/root-libvirt
+GUEST_DIR=$HARNESS_CACHE/guest-$SUITE
+harness_libvirt_base() {
     harness_base
     local packages="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container"
     local g=$REPO/tests/harness/guests
-    local stamp="$SUITE $INCLUDE + $packages; guest $(cat "$g/init" "$g/power-button" | cksum | cut -d' ' -f1) v1"
-    if ! { [ -f "$VIRT_BASE/.berth-harness" ] && [ "$(cat "$VIRT_BASE/.berth-harness")" = "$stamp" ]; }; then
+    local stamp="$SUITE $INCLUDE + $packages; guest $(cat "$g/init" "$g/power-button" | cksum | cut -d' ' -f1) v1 $HARNESS_WEEK"
+    cached "base-$SUITE-libvirt" "$stamp" && return
+    cache_lock "base-$SUITE-libvirt"
+    if ! cached "base-$SUITE-libvirt" "$stamp"; then
         log "harness: libvirt, QEMU and a test guest into $VIRT_BASE (about a minute)"
         rm -rf "$VIRT_BASE" "$VIRT_BASE.tmp" "$GUEST_DIR" "$GUEST_DIR.tmp"
         cp -a "$BASE" "$VIRT_BASE.tmp"
@@ -216,6 +268,10 @@ harness_libvirt_root() {
         mv "$GUEST_DIR.tmp" "$GUEST_DIR"
         mv "$r" "$VIRT_BASE"
     fi
+    cache_unlock
+}
+harness_libvirt_root() {
+    harness_libvirt_base
     harness_install "$VIRT_BASE" "$VIRT_ROOTFS"
 }
 
@@ -294,7 +350,8 @@ ct_boot() {
     local name=$1 config=$2
     shift 2
     CT_NAME=berth-$name-$$
-    CT_DIR=$HARNESS_DIR/run/$name
+    # Per scenario: scenarios run side by side, and several name a node n1.
+    CT_DIR=$HARNESS_DIR/run/${SCENARIO:-adhoc}/$name
     # CT_KEEP_STATE=1 boots "the same host" again: state, config and
     # journal of the previous boot of NAME are kept.
     if [ "${CT_KEEP_STATE:-}" != 1 ]; then
@@ -317,13 +374,12 @@ ct_boot() {
     [ -z "${CT_ROOT:-}" ] || root=(-D "$CT_ROOT")
     # CT_NSPAWN_OPTS: more options for nspawn itself (podman's needs).
     root+=(${CT_NSPAWN_OPTS[@]+"${CT_NSPAWN_OPTS[@]}"})
-    # CT_CGROUP=1: the container gets cgroups of its own (several booted
-    # at once: one cgroup shared by two containers is torn down by both).
+    # Every container gets cgroups of its own: containers booted at once
+    # from one cgroup (--keep-unit) tear down each other's cgroups.
+    harness_stat boot
     (
-        if [ "${CT_CGROUP:-}" = 1 ]; then
-            ct_cgroup_remove "$CT_NAME"
-            ct_cgroup_enter "$CT_NAME"
-        fi
+        ct_cgroup_remove "$CT_NAME"
+        ct_cgroup_enter "$CT_NAME"
         exec systemd-nspawn --quiet --register=no --keep-unit "${root[@]}" -b \
             --machine="$CT_NAME" \
             --bind="$CT_DIR/out:/out" \
@@ -386,7 +442,7 @@ declare -A NODE_PID=() NODE_NSPAWN=() NODE_DIR=() NODE_NAME=()
 node_boot() {
     local node=$1
     shift
-    CT_CGROUP=1 ct_boot "$node" "$@"
+    ct_boot "$node" "$@"
     NODE_PID[$node]=$CT_PID
     NODE_NSPAWN[$node]=$CT_NSPAWN
     NODE_DIR[$node]=$CT_DIR
@@ -416,11 +472,23 @@ nodes_cleanup() {
     done
 }
 
-# wait_for SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS.
+# wait_for SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS
+# of wall time (not a count of tries: under load a try takes longer). Polls
+# every 0.1 s for the first 2 s, then backs off to at most 0.5 s, so that
+# waits measured to the second stay accurate and long waits cost little.
 wait_for() {
-    local i
-    for i in $(seq $(($1 * 10))); do "${@:2}" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    return 1
+    local start=${EPOCHREALTIME/./} pause=100000 now
+    local deadline=$((start + $1 * 1000000))
+    while :; do
+        "${@:2}" >/dev/null 2>&1 && return 0
+        now=${EPOCHREALTIME/./}
+        [ "$now" -lt "$deadline" ] || return 1
+        if [ $((now - start)) -ge 2000000 ]; then
+            pause=$((pause * 3 / 2))
+            [ "$pause" -le 500000 ] || pause=500000
+        fi
+        sleep "$((pause / 1000000)).$(printf '%06d' $((pause % 1000000)))"
+    done
 }
 
 # Runs a command inside the container.
@@ -436,13 +504,17 @@ ct_poweroff() {
 }
 
 ct_wait_exit() {
-    local limit=$1 i
-    for i in $(seq $((limit * 5))); do
-        kill -0 "$CT_NSPAWN" 2>/dev/null || { wait "$CT_NSPAWN" 2>/dev/null || true; CT_PID=; return 0; }
-        sleep 0.2
-    done
+    local limit=$1
+    harness_stat poweroff
+    if wait_for "$limit" ct_gone; then
+        wait "$CT_NSPAWN" 2>/dev/null || true
+        CT_PID=
+        ct_cgroup_remove "$CT_NAME"
+        return 0
+    fi
     die "container $CT_NAME still running ${limit} s after power-off"
 }
+ct_gone() { ! kill -0 "$CT_NSPAWN" 2>/dev/null; }
 
 # The container's journal, from the host (works after power-off).
 ct_journal() { journalctl --directory="$(find "$CT_DIR/journal" -mindepth 1 -maxdepth 1 -type d | head -n1)" --no-pager "$@"; }
@@ -450,10 +522,15 @@ ct_journal() { journalctl --directory="$(find "$CT_DIR/journal" -mindepth 1 -max
 ct_cleanup() {
     if [ -n "$CT_NSPAWN" ] && kill -0 "$CT_NSPAWN" 2>/dev/null; then
         kill "$CT_NSPAWN" 2>/dev/null || true
-        sleep 5
-        kill -9 "$CT_NSPAWN" 2>/dev/null || true
+        wait_for 5 ct_gone || kill -9 "$CT_NSPAWN" 2>/dev/null || true
+        wait_for 5 ct_gone || true
     fi
+    [ -z "${CT_NAME:-}" ] || ct_cgroup_remove "$CT_NAME"
 }
+
+# harness_stat WHAT: counts a boot or a power-off in the job's figures
+# (HARNESS_STATS, set by the scheduler).
+harness_stat() { [ -z "${HARNESS_STATS:-}" ] || echo "$1" >>"$HARNESS_STATS"; }
 
 # harness_allow_tasks N: the benchmarks at thousands of workloads need
 # more tasks than a sandbox's pids cgroup may allow (this machine's is 15%

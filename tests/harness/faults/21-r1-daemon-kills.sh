@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=heavy minutes=1.8
 # Issue 10, R1: 100 SIGKILLs of berth daemon at random points (before
 # READY, in its first pass, in its look after READY, between signals)
 # while 20 workloads are started, stopped and killed by hand. The daemon

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=0.2
 # Issue 10, R2: a power-off drain against two hung workloads (SIGTERM
 # ignored), one whose force-off is disabled, two whose locks are held by
 # another process for the whole drain, and a bus that stops answering:

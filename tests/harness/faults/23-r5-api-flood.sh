@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=heavy minutes=0.6
 # Issue 10, R5: 1000 concurrent API requests at a time, 100 slowloris
 # clients and 200 idle event subscribers for 30 s, against a daemon with a
 # 1 s reconcile interval and a 3 s watchdog: its loop's pass age stays

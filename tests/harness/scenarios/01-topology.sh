@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue scenarios 1, 4 and 3 on one boot:
 #  1. the generator runs at boot and on daemon-reload, the units are there,
 #     nothing berth-related failed, the template alone loads and refuses an

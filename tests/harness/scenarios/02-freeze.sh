@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.1
 # Issue scenario 2: `berth.freeze` on PID 1's command line (which systemd
 # treats as the kernel command line in a container) skips the autostart
 # unit through its condition; nothing else of berth changes.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.1
 # Issue scenario 5: a broken host file, then a running workload whose file
 # is deleted (daemon-reload in between). The drain keeps its ExecStop and
 # ordering; settings in error take their defaults while valid ones apply;

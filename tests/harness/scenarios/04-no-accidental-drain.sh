@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue scenario 6: `systemctl stop|restart berth-drain`, `systemctl
 # stop|restart berth.slice`, `systemctl restart berth.target`, `isolate
 # rescue.target` and `isolate emergency.target` stop no workload and never

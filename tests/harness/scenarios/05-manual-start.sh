@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.1
 # A workload started by hand on a host where berth.target never started
 # (masked here on PID 1's command line) arms the drain through the
 # template's Wants=/After=, so it is still drained at power-off.

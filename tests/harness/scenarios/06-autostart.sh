@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue 3, tests 1 and 2: boot with 6 workloads in 3 order groups, one
 # `autostart = false`, one instance-frozen: the right ones start, in group
 # order, with the start delay; the adoption line is logged. Then

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=0.2
 # Issue 3, test 5: a deadline (5 s) shorter than the stop delays (3 x 10 s,
 # one at a time): at the deadline everything still pending is forced off
 # and recorded so.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=0.6
 # Issue 4 (first slice), against the real supervisor:
 #  1. SIGKILL of a workload's main process is recorded as unexpected-exit,
 #     generation +1, with the signal as the cause;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.1
 # Issue 4, the read-only API (tests 1 and 4): socket and directory modes,
 # /healthz, /v1/workloads, POST refused, and on /v1/events a MODIFIED
 # event with unexpected-exit and the signal for a SIGKILL, delivered to a

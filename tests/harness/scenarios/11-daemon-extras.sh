@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue 4, the rest of the supervisor: the health event after the first
 # pass, the heartbeat status file, a definition changed while running shown
 # as a pending restart, and the record sweep.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.3
 # Issue 5 (first slice): `berth status` and the freeze verbs, against the
 # real units: a node freeze blocks the autostart unit by its condition, an
 # instance freeze is skipped by autostart, an explicit start still works,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.3
 # The Debian package (make deb) on a host of its own: a fresh copy of the
 # debootstrapped base, booted non-volatile so that it keeps its state
 # across power-off like a real machine.
@@ -31,20 +32,17 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # --- the packages -------------------------------------------------------------
 # The changelog's version, and a rebuild of the same tree as the next Debian
-# revision (what an upgrade looks like to dpkg). The second build reuses
-# cargo's build.
+# revision (what an upgrade looks like to dpkg): built once per run for both
+# suites (HARNESS_DEBS, tests/harness/run), or here when run on its own.
 V1=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
 V2=${V1%-*}-$((${V1##*-} + 1))
-DEB_DIR=$HARNESS_DIR/build/deb
-rm -rf "$DEB_DIR"
-t=$(now)
-make -s -C "$REPO" deb BUILD_DIR="$HARNESS_DIR/build" >"$HARNESS_DIR/deb-$V1.log" 2>&1 \
-    || die "make deb failed; see $HARNESS_DIR/deb-$V1.log"
-log "  make deb ($V1): $(since "$t") s"
-t=$(now)
-make -s -C "$REPO" deb BUILD_DIR="$HARNESS_DIR/build" DEB_VERSION="$V2" >"$HARNESS_DIR/deb-$V2.log" 2>&1 \
-    || die "make deb DEB_VERSION=$V2 failed; see $HARNESS_DIR/deb-$V2.log"
-log "  make deb DEB_VERSION=$V2: $(since "$t") s"
+DEB_DIR=${HARNESS_DEBS:-}
+if [ -z "$DEB_DIR" ]; then
+    DEB_DIR=$HARNESS_DIR/debs
+    t=$(now)
+    harness_debs "$DEB_DIR"
+    log "  make deb ($V1, then $V2): $(since "$t") s"
+fi
 arch=$(dpkg --print-architecture)
 DEB1=berth_${V1}_$arch.deb
 DEB2=berth_${V2}_$arch.deb
@@ -54,8 +52,8 @@ check_eq "make deb leaves nothing in debian/ or the checkout's parent" "" \
     "$(git -C "$REPO" status --porcelain --ignored --untracked-files=all -- debian | grep -E '^(\?\?|!!)'; ls "$REPO/.." | grep -E '^berth[-_].*\.(deb|ddeb|changes|buildinfo)$' || true)"
 
 # What the maintainer scripts do, read from the package itself.
-ctrl=$HARNESS_DIR/run/package-control
-rm -rf "$ctrl" && mkdir -p "$HARNESS_DIR/run"
+ctrl=$HARNESS_DIR/run/$SCENARIO/package-control
+rm -rf "$ctrl" && mkdir -p "$(dirname "$ctrl")"
 dpkg-deb -e "$DEB_DIR/$DEB1" "$ctrl"
 check_eq "maintainer scripts: postinst and postrm only" "postinst postrm" \
     "$(cd "$ctrl" && for f in preinst postinst prerm postrm; do [ ! -e "$f" ] || printf '%s ' "$f"; done | sed 's/ $//')"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.6
 # Issue 5: `berth install` / `berth uninstall` for the system manager.
 # With packaged units (the root has berth from `make install PREFIX=/usr`,
 # what a package ships): install only enables, starts and proves it; it

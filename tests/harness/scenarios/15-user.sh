@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.3
 # Issue 5: berth for a user manager, with a lingering user (no login).
 #  1. Installed system-wide (make install: user units in
 #     /usr/lib/systemd/user, the generator linked into user-generators):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.1
 # Issue 5: `berth check --live` reads the loaded units, admin drop-ins
 # included, and reports what breaks the lifecycle invariants: a workload
 # tied by Requires= to a unit the shutdown transaction stops, a PartOf=,

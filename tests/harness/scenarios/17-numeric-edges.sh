@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2 after=unit-tests
 # Issue 10, defect 5, on systemd itself: every numeric edge value berth
 # accepts (the files of tests/verify.rs, kept with BERTH_KEEP_EDGES) is
 # loaded by PID 1 with no parse warning, on both systemd versions; and a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue 11, part 3: the next start group waits for real readiness. n0 sends
 # READY=1 3 s after it starts (ready = "notify"); p0 creates a file 3 s
 # after it starts, which its ready_exec probe waits for; x0 never gets

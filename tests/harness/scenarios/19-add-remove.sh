@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.3
 # Issue 11, part 2: workloads a control plane adds and removes while the
 # host runs. `berth add --now` writes the file, reloads and starts; bad
 # input is refused with file, key and reason and leaves nothing; --runtime

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.2
 # Issue 11, part 1: an existing unit as a workload (`unit =`). A plain
 # service berth did not write (legacy-db.service, from tests/harness/units)
 # is started by the autostart in its order, followed by the daemon, left

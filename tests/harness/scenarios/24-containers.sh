@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=heavy minutes=0.2
 # Issue 11, part 1: containers as existing units. A podman container run
 # by a service unit (`podman run --cgroups=split --sdnotify=conmon`, both
 # suites) and, on trixie, a quadlet `.container`: started at boot by the

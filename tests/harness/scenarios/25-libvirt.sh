@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=heavy minutes=1.2
 # Issue 12: libvirt guests as workloads, with a real QEMU guest (TCG) under
 # libvirt and machined. At boot the autostart starts the guests in order
 # (QEMU in a machine-qemu scope, its unit following it); a daemon restart

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: minutes=0.6
 # Issue 12, part 3: autostart = "last-state" over seven boots of one host.
 #  1. first boot, no drain recorded: the last state is unknown and every
 #     last-state workload starts;

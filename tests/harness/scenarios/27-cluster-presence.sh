@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=0.5
 # Issue 13, first slice: a node's presence in a real etcd (Debian's
 # etcd-server on the host; the container shares the host's network). The
 # daemon in cluster mode joins (node key on its lease, members/N and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=4
 # Issue 13, HA ownership on three booted nodes (n1, n2, n3, each in
 # cgroups of its own, sharing the host's network and kernel clock) and a
 # real etcd on the host, each node reaching it through a relay of its own.

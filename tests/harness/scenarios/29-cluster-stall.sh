@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=1.6
 # Issue 13, point 8: the limit, measured. No two nodes run one HA workload
 # at once, except on a host that stalls past its lease: frozen, it cannot
 # fence itself. db is `ha = true, nodes = ["n1", "n2"]`. n1 owns and runs

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=3.8
 # Issue 14 on three booted nodes and a real etcd (each node through a relay
 # of its own). db is an HA workload of n1 and n2; web runs on n2 and n3.
 # - freeze adoption: a cluster freeze taken while the nodes run is applied

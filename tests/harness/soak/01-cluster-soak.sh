@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# harness-job: class=tight minutes=6 timeout=60
 # Issue 15: the cluster under random faults. Three booted roots (n1, n2,
 # n3), a real etcd on the host, a relay per node; five HA workloads with
 # different candidate lists and a non-HA one (web) on every node.
@@ -79,7 +80,7 @@ soak_cleanup() {
         mkdir -p "$keep"
         cp -a "$SOAK" "$keep/" 2>/dev/null || true
         local n
-        for n in "${NODES[@]}"; do cp -a "$HARNESS_DIR/run/$n" "$keep/" 2>/dev/null || true; done
+        for n in "${NODES[@]}"; do cp -a "${NODE_DIR[$n]}" "$keep/" 2>/dev/null || true; done
         cp -a "$ETCD_DIR"/*.log "$keep/" 2>/dev/null || true
         log "soak: kept the journals, samples and fault log in $keep"
     fi
