@@ -152,8 +152,9 @@ check:
 	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' SOAK_FAULTS='$(or $(SOAK_FAULTS),12)' \
 		tests/harness/check
 
+# No `make all` first: tests/harness/run builds through `make install`, in
+# the harness's build environment (tests/harness/buildenv).
 check-faults: deps
-	$(MAKE) all
 	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' HARNESS_SETS=faults tests/harness/run
 
 # The cluster soak (tests/harness/soak): three booted nodes, a real etcd,
@@ -164,12 +165,10 @@ check-faults: deps
 # short one (12). The suites run side by side. SOAK_SEED=N repeats a
 # run's faults.
 soak: deps
-	$(MAKE) all
 	python3 tests/harness/soak/test_invariants.py
 	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_SETS=soak SOAK_FAULTS='$(or $(SOAK_FAULTS),100)' tests/harness/run
 
 demo: deps
-	$(MAKE) all
 	tests/harness/demo
 
 # Prints the figures the issues ask for; not part of `make check`.

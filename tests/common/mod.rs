@@ -52,11 +52,19 @@ pub fn have(cmd: &str) -> bool {
 }
 
 /// Units built by `make units PREFIX=/usr` (the Makefile substitutes BINDIR).
-/// Built once per test binary: tests run in parallel threads.
+/// Built once per test binary: tests run in parallel threads. The harness
+/// runs test binaries of both suites at once, and `make units` replaces
+/// the directory: a lock on it is held until this process exits.
 pub fn built_units() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    static HELD: std::sync::OnceLock<fs::File> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            fs::create_dir_all(repo().join("target")).expect("create target/");
+            let lock = fs::File::create(repo().join("target/test-units.lock"))
+                .expect("create target/test-units.lock");
+            lock.lock().expect("lock target/test-units.lock");
+            let _ = HELD.set(lock);
             let mut make = Command::new("make");
             make.args(["-s", "units", "PREFIX=/usr", "BUILD_DIR=target/test-units"])
                 .current_dir(repo());

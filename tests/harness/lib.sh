@@ -13,7 +13,7 @@ SUITE=${HARNESS_SUITE:-bookworm}
 # One directory per suite (installed roots, containers' files, results),
 # so that both suites' scenarios run side by side.
 HARNESS_ROOT=${HARNESS_ROOT:-$REPO/target/harness}
-HARNESS_DIR=${HARNESS_DIR:-$HARNESS_ROOT/$SUITE}
+HARNESS_DIR=$HARNESS_ROOT/$SUITE
 # Pristine roots made of Debian's packages alone (no berth in them): kept
 # on the machine between runs, outside any checkout, and rebuilt when their
 # recipe changes or a new week begins (the archive moves on).
@@ -22,12 +22,16 @@ HARNESS_WEEK=${HARNESS_WEEK:-$(date -u +%G-W%V)}
 # What the root needs beyond minbase: systemd as init, the bus, and what a
 # user manager needs (pam_systemd, the user bus) for later user-mode tests.
 INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,dbus-user-session
-BASE=$HARNESS_CACHE/base-$SUITE
+BASE_STAMP="$SUITE $INCLUDE $HARNESS_WEEK"
 ROOTFS=$HARNESS_DIR/root
 BOOT_TIMEOUT=${HARNESS_BOOT_TIMEOUT:-90}
 
 log() { printf '%s\n' "$*" >&2; }
 die() { log "harness: $*"; exit 1; }
+
+# Every make and cargo of the harness in one build environment, so that
+# the release build is compiled once (tests/harness/buildenv says why).
+source "$REPO/tests/harness/buildenv"
 
 # One harness run at a time per harness directory: the installed roots
 # and the containers' directories there are the run's. Runs in other
@@ -76,33 +80,43 @@ apt_mirror() {
     printf '%s\n' "${m:-http://deb.debian.org/debian}"
 }
 
-# cached NAME STAMP: whether the cached image NAME is a finished build of
-# STAMP. Builders hold cache_lock NAME, so that two runs (both suites,
-# another checkout) never build or replace one image at once.
-cached() { [ -f "$HARNESS_CACHE/$1/.berth-harness" ] && [ "$(cat "$HARNESS_CACHE/$1/.berth-harness")" = "$2" ]; }
-cache_lock() {
-    mkdir -p "$HARNESS_CACHE"
-    exec {cache_lock_fd}>"$HARNESS_CACHE/.lock-$1"
-    flock "$cache_lock_fd"
-}
-cache_unlock() { exec {cache_lock_fd}>&-; }
-
-# A pristine debootstrapped root, built once a week per recipe and kept
-# in the cache.
-harness_base() {
-    local stamp="$SUITE $INCLUDE $HARNESS_WEEK"
-    cached "base-$SUITE" "$stamp" && return
-    cache_lock "base-$SUITE"
-    if ! cached "base-$SUITE" "$stamp"; then
-        log "harness: debootstrap $SUITE into $BASE (about 40 s)"
-        rm -rf "$BASE" "$BASE.tmp"
-        mkdir -p "$HARNESS_DIR"
-        debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$BASE.tmp" "$(apt_mirror)" \
-            >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
-        printf '%s\n' "$stamp" >"$BASE.tmp/.berth-harness"
-        mv "$BASE.tmp" "$BASE"
+# The cache holds pristine roots under names that carry a hash of their
+# recipe (cache_dir NAME STAMP): an entry is built once, under a lock, and
+# never changed or replaced while it may be read; a new recipe or a new
+# week gets a new entry, and entries nobody used for two days go.
+cache_dir() { printf '%s/%s-%s\n' "$HARNESS_CACHE" "$1" "$(printf '%s' "$2" | cksum | cut -d' ' -f1)"; }
+# cache_build NAME DIR FUNCTION: FUNCTION builds DIR.tmp, unless DIR is
+# there; then DIR.tmp becomes DIR.
+cache_build() {
+    local name=$1 dir=$2 build=$3 fd old
+    if [ -f "$dir/.berth-harness" ]; then
+        touch "$dir/.berth-harness"
+        return 0
     fi
-    cache_unlock
+    mkdir -p "$HARNESS_CACHE" "$HARNESS_DIR"
+    exec {fd}>"$HARNESS_CACHE/.lock-$name"
+    flock "$fd"
+    if [ ! -f "$dir/.berth-harness" ]; then
+        rm -rf "$dir.tmp"
+        "$build" "$dir.tmp" || { exec {fd}>&-; return 1; }
+        date -u >"$dir.tmp/.berth-harness"
+        mv "$dir.tmp" "$dir"
+        for old in "$HARNESS_CACHE/$name"-*; do
+            [[ "${old##*/}" =~ ^$name-[0-9]+$ ]] && [ "$old" != "$dir" ] && [ -f "$old/.berth-harness" ] || continue
+            [ -z "$(find "$old/.berth-harness" -mmin -2880)" ] || continue
+            rm -rf "$old" "$old-guest"
+        done
+    fi
+    exec {fd}>&-
+}
+
+# A pristine debootstrapped root, in the cache.
+BASE=$(cache_dir "base-$SUITE" "$BASE_STAMP")
+harness_base() { cache_build "base-$SUITE" "$BASE" build_base; }
+build_base() {
+    log "harness: debootstrap $SUITE into $1 (about 40 s)"
+    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$1" "$(apt_mirror)" \
+        >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
 }
 
 # A fresh copy of the base with berth installed the way a packager would
@@ -156,7 +170,6 @@ harness_debs() {
 # then, like ROOTFS, a copy with berth installed. The quadlets of
 # tests/harness/containers go to /etc/containers/systemd (trixie's podman
 # 5 generates their units; bookworm's 4.3 has no quadlet).
-PODMAN_BASE=$HARNESS_CACHE/base-$SUITE-podman
 PODMAN_ROOTFS=$HARNESS_DIR/root-podman
 # What podman needs of nspawn here: bpf(2) through nspawn's seccomp filter
 # (the device cgroup program) and CAP_NET_ADMIN (a container's own network
@@ -165,52 +178,46 @@ PODMAN_ROOTFS=$HARNESS_DIR/root-podman
 # (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1), where the runtime can make its
 # cgroups.
 PODMAN_NSPAWN_OPTS=(--system-call-filter=bpf --capability=CAP_NET_ADMIN)
+# bookworm's crun 1.8.1 cannot start a container under nspawn (it raises
+# RLIMIT_MEMLOCK and is refused): runc there.
+PODMAN_PACKAGES="podman busybox-static$([ "$SUITE" != bookworm ] || echo " runc")"
+PODMAN_BASE=$(cache_dir "base-$SUITE-podman" "$BASE_STAMP + $PODMAN_PACKAGES, vfs, localhost/berth-test v1")
 harness_podman_base() {
     harness_base
-    # bookworm's crun 1.8.1 cannot start a container under nspawn (it
-    # raises RLIMIT_MEMLOCK and is refused): runc there.
-    local packages="podman busybox-static"
-    [ "$SUITE" != bookworm ] || packages="$packages runc"
-    local stamp="$SUITE $INCLUDE + $packages, vfs, localhost/berth-test v1 $HARNESS_WEEK"
-    cached "base-$SUITE-podman" "$stamp" && return
-    cache_lock "base-$SUITE-podman"
-    if ! cached "base-$SUITE-podman" "$stamp"; then
-        log "harness: podman into $PODMAN_BASE (about 30 s)"
-        rm -rf "$PODMAN_BASE" "$PODMAN_BASE.tmp"
-        cp -a "$BASE" "$PODMAN_BASE.tmp"
-        local r=$PODMAN_BASE.tmp c=$REPO/tests/harness/containers
-        install -d "$r/etc/containers/containers.conf.d" "$r/var/tmp/image/bin" "$r/var/tmp/image/out" \
-            "$r/var/tmp/image/tmp"
-        install -m644 "$c/storage.conf" "$r/etc/containers/storage.conf"
-        install -m644 "$c/50-nspawn.conf" "$r/etc/containers/containers.conf.d/50-nspawn.conf"
-        install -m755 "$c/graceful" "$r/var/tmp/image/bin/graceful"
-        # In a mount namespace of its own: apt needs /proc; podman's import
-        # needs / to be a mount point and /sys. No service starts in it.
-        unshare -m --propagation private sh -euc '
-            r=$1; packages=$2
-            mount --bind "$r" "$r"
-            mount -t proc proc "$r/proc"
-            mount --rbind /sys "$r/sys"
-            mount -t tmpfs tmpfs "$r/run"
-            printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
-            chmod 755 "$r/usr/sbin/policy-rc.d"
-            chroot "$r" apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
-            chroot "$r" apt-get clean
-            rm "$r/usr/sbin/policy-rc.d"
-            cp "$r/bin/busybox" "$r/var/tmp/image/bin/busybox"
-            for a in sh sleep cat echo; do ln -s busybox "$r/var/tmp/image/bin/$a"; done
-            chmod 1777 "$r/var/tmp/image/tmp"
-            tar -C "$r/var/tmp/image" --numeric-owner --owner=0 --group=0 -cf "$r/var/tmp/image.tar" .
-            PODMAN_IGNORE_CGROUPSV1_WARNING=1 chroot "$r" podman import --quiet /var/tmp/image.tar \
-                localhost/berth-test:latest
-        ' sh "$r" "$packages" >"$HARNESS_DIR/podman-$SUITE.log" 2>&1 \
-            || die "installing podman failed; see $HARNESS_DIR/podman-$SUITE.log"
-        rm -rf "$r/var/tmp/image" "$r/var/tmp/image.tar"
-        printf '%s\n' "$stamp" >"$r/.berth-harness"
-        mv "$r" "$PODMAN_BASE"
-    fi
-    cache_unlock
+    cache_build "base-$SUITE-podman" "$PODMAN_BASE" build_podman_base
+}
+build_podman_base() {
+    local r=$1 packages=$PODMAN_PACKAGES c=$REPO/tests/harness/containers
+    log "harness: podman into $r (about 30 s)"
+    cp -a "$BASE" "$r"
+    install -d "$r/etc/containers/containers.conf.d" "$r/var/tmp/image/bin" "$r/var/tmp/image/out" \
+        "$r/var/tmp/image/tmp"
+    install -m644 "$c/storage.conf" "$r/etc/containers/storage.conf"
+    install -m644 "$c/50-nspawn.conf" "$r/etc/containers/containers.conf.d/50-nspawn.conf"
+    install -m755 "$c/graceful" "$r/var/tmp/image/bin/graceful"
+    # In a mount namespace of its own: apt needs /proc; podman's import
+    # needs / to be a mount point and /sys. No service starts in it.
+    unshare -m --propagation private sh -euc '
+        r=$1; packages=$2
+        mount --bind "$r" "$r"
+        mount -t proc proc "$r/proc"
+        mount --rbind /sys "$r/sys"
+        mount -t tmpfs tmpfs "$r/run"
+        printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
+        chmod 755 "$r/usr/sbin/policy-rc.d"
+        chroot "$r" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+        chroot "$r" apt-get clean
+        rm "$r/usr/sbin/policy-rc.d"
+        cp "$r/bin/busybox" "$r/var/tmp/image/bin/busybox"
+        for a in sh sleep cat echo; do ln -s busybox "$r/var/tmp/image/bin/$a"; done
+        chmod 1777 "$r/var/tmp/image/tmp"
+        tar -C "$r/var/tmp/image" --numeric-owner --owner=0 --group=0 -cf "$r/var/tmp/image.tar" .
+        PODMAN_IGNORE_CGROUPSV1_WARNING=1 chroot "$r" podman import --quiet /var/tmp/image.tar \
+            localhost/berth-test:latest
+    ' sh "$r" "$packages" >"$HARNESS_DIR/podman-$SUITE.log" 2>&1 \
+        || die "installing podman failed; see $HARNESS_DIR/podman-$SUITE.log"
+    rm -rf "$r/var/tmp/image" "$r/var/tmp/image.tar"
 }
 harness_podman_root() {
     harness_podman_base
@@ -227,48 +234,43 @@ harness_podman_root() {
 # once per recipe, like the bases. The guests' domains are defined in the
 # root (/etc/libvirt/qemu) from tests/harness/guests/domain.xml, their
 # files under /vm (a directory the scenario binds there).
-VIRT_BASE=$HARNESS_CACHE/base-$SUITE-libvirt
+VIRT_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container"
+VIRT_BASE=$(cache_dir "base-$SUITE-libvirt" "$BASE_STAMP + $VIRT_PACKAGES; guest $(cat "$REPO/tests/harness/guests/init" "$REPO/tests/harness/guests/power-button" | cksum | cut -d' ' -f1) v1")
 VIRT_ROOTFS=$HARNESS_DIR/root-libvirt
-GUEST_DIR=$HARNESS_CACHE/guest-$SUITE
+# The guest's kernel, initramfs and disk: built with the root, kept with it.
+GUEST_DIR=$VIRT_BASE-guest
 harness_libvirt_base() {
     harness_base
-    local packages="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container"
-    local g=$REPO/tests/harness/guests
-    local stamp="$SUITE $INCLUDE + $packages; guest $(cat "$g/init" "$g/power-button" | cksum | cut -d' ' -f1) v1 $HARNESS_WEEK"
-    cached "base-$SUITE-libvirt" "$stamp" && return
-    cache_lock "base-$SUITE-libvirt"
-    if ! cached "base-$SUITE-libvirt" "$stamp"; then
-        log "harness: libvirt, QEMU and a test guest into $VIRT_BASE (about a minute)"
-        rm -rf "$VIRT_BASE" "$VIRT_BASE.tmp" "$GUEST_DIR" "$GUEST_DIR.tmp"
-        cp -a "$BASE" "$VIRT_BASE.tmp"
-        local r=$VIRT_BASE.tmp
-        unshare -m --propagation private sh -euc '
-            r=$1; packages=$2
-            mount --bind "$r" "$r"
-            mount -t proc proc "$r/proc"
-            printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
-            chmod 755 "$r/usr/sbin/policy-rc.d"
-            chroot "$r" apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
-            # The guest: downloaded, not installed.
-            kernel=$(chroot "$r" apt-cache depends linux-image-cloud-amd64 | awk "/Depends: linux-image-/ { print \$2; exit }")
-            mkdir -p "$r/var/tmp/debs"
-            chroot "$r" sh -c "cd /var/tmp/debs && apt-get download -q $kernel busybox-static"
-            chroot "$r" apt-get clean
-            rm "$r/usr/sbin/policy-rc.d"
-        ' sh "$r" "$packages" >"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
-            || die "installing libvirt failed; see $HARNESS_DIR/libvirt-$SUITE.log"
-        cat "$g/qemu.conf" >>"$r/etc/libvirt/qemu.conf"
-        # No default network: it would make a bridge in the host's namespace.
-        rm -f "$r/etc/libvirt/qemu/networks/autostart/default.xml"
-        harness_guest "$r/var/tmp/debs" "$GUEST_DIR.tmp" >>"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
-            || die "building the test guest failed; see $HARNESS_DIR/libvirt-$SUITE.log"
-        rm -rf "$r/var/tmp/debs"
-        printf '%s\n' "$stamp" >"$r/.berth-harness"
-        mv "$GUEST_DIR.tmp" "$GUEST_DIR"
-        mv "$r" "$VIRT_BASE"
-    fi
-    cache_unlock
+    cache_build "base-$SUITE-libvirt" "$VIRT_BASE" build_libvirt_base
+}
+build_libvirt_base() {
+    local r=$1 packages=$VIRT_PACKAGES g=$REPO/tests/harness/guests
+    log "harness: libvirt, QEMU and a test guest into $r (about a minute)"
+    rm -rf "$GUEST_DIR" "$GUEST_DIR.tmp"
+    cp -a "$BASE" "$r"
+    unshare -m --propagation private sh -euc '
+        r=$1; packages=$2
+        mount --bind "$r" "$r"
+        mount -t proc proc "$r/proc"
+        printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
+        chmod 755 "$r/usr/sbin/policy-rc.d"
+        chroot "$r" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+        # The guest: downloaded, not installed.
+        kernel=$(chroot "$r" apt-cache depends linux-image-cloud-amd64 | awk "/Depends: linux-image-/ { print \$2; exit }")
+        mkdir -p "$r/var/tmp/debs"
+        chroot "$r" sh -c "cd /var/tmp/debs && apt-get download -q $kernel busybox-static"
+        chroot "$r" apt-get clean
+        rm "$r/usr/sbin/policy-rc.d"
+    ' sh "$r" "$packages" >"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
+        || die "installing libvirt failed; see $HARNESS_DIR/libvirt-$SUITE.log"
+    cat "$g/qemu.conf" >>"$r/etc/libvirt/qemu.conf"
+    # No default network: it would make a bridge in the host's namespace.
+    rm -f "$r/etc/libvirt/qemu/networks/autostart/default.xml"
+    harness_guest "$r/var/tmp/debs" "$GUEST_DIR.tmp" >>"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
+        || die "building the test guest failed; see $HARNESS_DIR/libvirt-$SUITE.log"
+    rm -rf "$r/var/tmp/debs"
+    mv "$GUEST_DIR.tmp" "$GUEST_DIR"
 }
 harness_libvirt_root() {
     harness_libvirt_base
@@ -457,7 +459,7 @@ node_use() {
 on() {
     local node=$1
     shift
-    nsenter -t "${NODE_PID[$node]}" -a "$@"
+    ct_exec "${NODE_NAME[$node]}" "${NODE_PID[$node]}" "$@"
 }
 nodes_cleanup() {
     local node
@@ -477,11 +479,11 @@ nodes_cleanup() {
 # every 0.1 s for the first 2 s, then backs off to at most 0.5 s, so that
 # waits measured to the second stay accurate and long waits cost little.
 wait_for() {
-    local start=${EPOCHREALTIME/./} pause=100000 now
+    local start=${EPOCHREALTIME//[!0-9]/} pause=100000 now
     local deadline=$((start + $1 * 1000000))
     while :; do
         "${@:2}" >/dev/null 2>&1 && return 0
-        now=${EPOCHREALTIME/./}
+        now=${EPOCHREALTIME//[!0-9]/}
         [ "$now" -lt "$deadline" ] || return 1
         if [ $((now - start)) -ge 2000000 ]; then
             pause=$((pause * 3 / 2))
@@ -492,7 +494,24 @@ wait_for() {
 }
 
 # Runs a command inside the container.
-ct() { nsenter -t "$CT_PID" -a "$@"; }
+ct() { ct_exec "$CT_NAME" "$CT_PID" "$@"; }
+
+# ct_exec NAME PID COMMAND...: COMMAND in the container's namespaces and
+# in its root cgroup. nsenter leaves a process in the caller's cgroup,
+# which lies outside the container's own (it reads /../../init.scope
+# there), and trixie's logind refuses such a caller (EUNATCH, "Protocol
+# driver not attached", to loginctl enable-linger).
+ct_exec() {
+    local name=$1 pid=$2
+    shift 2
+    (
+        for h in "${CT_CGROUP_HIERARCHIES[@]}"; do
+            [ ! -e "$h/berth-harness-$name/cgroup.procs" ] \
+                || echo "$BASHPID" >"$h/berth-harness-$name/cgroup.procs" 2>/dev/null || true
+        done
+        exec nsenter -t "$pid" -a "$@"
+    )
+}
 
 # ct_prop UNIT PROPERTY: one property value.
 ct_prop() { ct systemctl show -P "$2" "$1"; }

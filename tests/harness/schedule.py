@@ -103,18 +103,40 @@ def may_start(job, running, heavy_queued):
 
 def kill_job_cgroups(pid):
     """Containers a killed job left: their cgroups carry the job's PID."""
-    for root in CGROUP_ROOTS:
-        for cg in glob.glob(f"{root}/berth-harness-berth-*-{pid}"):
-            for dirpath, _, _ in os.walk(cg, topdown=False):
-                try:
-                    with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii") as f:
-                        for p in f.read().split():
-                            try:
-                                os.kill(int(p), signal.SIGKILL)
-                            except OSError:
-                                pass
-                except OSError:
-                    pass
+    groups = [cg for root in CGROUP_ROOTS for cg in glob.glob(f"{root}/berth-harness-berth-*-{pid}")]
+    for cg in groups:
+        for dirpath, _, _ in os.walk(cg, topdown=False):
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii") as f:
+                    for p in f.read().split():
+                        try:
+                            os.kill(int(p), signal.SIGKILL)
+                        except OSError:
+                            pass
+            except OSError:
+                pass
+    if groups:
+        time.sleep(1)
+    for cg in groups:
+        for dirpath, _, _ in os.walk(cg, topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+
+def stop_job(job):
+    """Ends a job's process group and whatever containers it left."""
+    try:
+        os.killpg(job.proc.pid, signal.SIGTERM)
+        try:
+            job.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
+    except ProcessLookupError:
+        pass
+    kill_job_cgroups(job.proc.pid)
 
 
 def start(job, logdir):
@@ -161,34 +183,58 @@ def finish(job):
     return text
 
 
-def run(jobs, max_jobs, logdir, t0):
+def resolve_after(jobs):
+    """`after=` names another job: a command's name, or a scenario of the
+    same suite; one that is not part of this run (a pattern left it out)
+    is taken as done."""
     names = {j.name for j in jobs}
     for j in jobs:
-        missing = j.after - names
-        if missing:
-            # A dependency that is not part of this run is taken as done.
-            j.after -= missing
+        suite = j.name.split("/")[0] + "/" if "/" in j.name else ""
+        resolved = set()
+        for a in j.after:
+            if a in names:
+                resolved.add(a)
+            elif suite + a in names:
+                resolved.add(suite + a)
+        j.after = resolved
+
+
+def run(jobs, max_jobs, logdir):
+    running = []
+
+    # A run that is interrupted or cancelled takes its jobs with it: each
+    # runs in a session of its own, out of reach of the terminal's signals.
+    def interrupted(signum, _frame):
+        raise SystemExit(f"schedule: signal {signum}: stopping {len(running)} running jobs")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
+    try:
+        run_queue(jobs, max_jobs, logdir, running)
+    finally:
+        for j in running:
+            stop_job(j)
+
+
+def run_queue(jobs, max_jobs, logdir, running):
+    resolve_after(jobs)
     # Heavy and tight jobs exclude each other, so the run takes at least
     # the heavy jobs one after another plus the tight ones side by side:
     # the heavy ones go first (a failed lint or unit test shows early),
     # plain ones beside them, then the tight ones, longest first.
     queue = sorted(jobs, key=lambda j: (j.klass != "heavy", -j.minutes))
-    running = []
     done = set()
     while queue or running:
         for j in list(running):
             rc = j.proc.poll()
             if rc is None and time.monotonic() - j.started > j.timeout_min * 60:
                 j.timed_out = True
-                os.killpg(j.proc.pid, signal.SIGTERM)
-                try:
-                    rc = j.proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(j.proc.pid, signal.SIGKILL)
-                    rc = j.proc.wait()
-                kill_job_cgroups(j.proc.pid)
+                stop_job(j)
+                rc = j.proc.returncode
             if rc is None:
                 continue
+            # Containers outlive a job that died before its cleanup.
+            kill_job_cgroups(j.proc.pid)
             j.rc = rc
             running.remove(j)
             done.add(j.name)
@@ -258,7 +304,7 @@ def main():
         raise SystemExit(f"schedule: no scenario matches {' '.join(args.patterns)}")
 
     t0 = time.monotonic()
-    run(jobs, args.jobs, args.logs, t0)
+    run(jobs, args.jobs, args.logs)
     wall = time.monotonic() - t0
 
     rows = sorted(jobs, key=lambda j: j.started)

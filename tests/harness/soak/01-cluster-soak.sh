@@ -80,7 +80,7 @@ soak_cleanup() {
         mkdir -p "$keep"
         cp -a "$SOAK" "$keep/" 2>/dev/null || true
         local n
-        for n in "${NODES[@]}"; do cp -a "${NODE_DIR[$n]}" "$keep/" 2>/dev/null || true; done
+        for n in "${NODES[@]}"; do [ -z "${NODE_DIR[$n]:-}" ] || cp -a "${NODE_DIR[$n]}" "$keep/" 2>/dev/null || true; done
         cp -a "$ETCD_DIR"/*.log "$keep/" 2>/dev/null || true
         log "soak: kept the journals, samples and fault log in $keep"
     fi
