@@ -37,20 +37,27 @@ source "$REPO/tests/harness/buildenv"
 # and the containers' directories there are the run's. Runs in other
 # directories (the other suite, another checkout) go on beside it; each
 # container has cgroups of its own (ct_boot). The lock is taken once per
-# run: tests/harness/run takes it for every suite and names the
-# directories it holds in BERTH_HARNESS_LOCKED, for the scenarios it
-# starts. HARNESS_NO_LOCK=1: for what touches no root (a requirement check,
+# run: tests/harness/run takes it for every suite (harness_lock DIR) and
+# names the directories it holds in BERTH_HARNESS_LOCKED, for the
+# scenarios it starts. HARNESS_NO_LOCK=1: for what touches no root (a requirement check,
 # the Debian packages).
 harness_lock() {
-    case " ${BERTH_HARNESS_LOCKED:-} " in *" $HARNESS_DIR "*) return 0 ;; esac
+    local dir=${1:-$HARNESS_DIR}
+    case " ${BERTH_HARNESS_LOCKED:-} " in *" $dir "*) return 0 ;; esac
     [ "$(id -u)" = 0 ] || return 0
-    mkdir -p "$HARNESS_DIR"
-    exec {harness_lock_fd}>"$HARNESS_DIR/.lock"
-    if ! flock -n "$harness_lock_fd"; then
-        log "harness: another run holds $HARNESS_DIR/.lock; waiting for it"
-        flock "$harness_lock_fd"
+    flock_wait "$dir/.lock"
+    export BERTH_HARNESS_LOCKED="${BERTH_HARNESS_LOCKED:-} $dir"
+}
+# flock_wait FILE: an exclusive lock on FILE, held until this shell exits;
+# says so when it has to wait for it.
+flock_wait() {
+    local fd
+    mkdir -p "$(dirname "$1")"
+    exec {fd}>"$1"
+    if ! flock -n "$fd"; then
+        log "harness: another run holds $1; waiting for it"
+        flock "$fd"
     fi
-    export BERTH_HARNESS_LOCKED="${BERTH_HARNESS_LOCKED:-} $HARNESS_DIR"
 }
 [ "${HARNESS_NO_LOCK:-}" = 1 ] || harness_lock
 
