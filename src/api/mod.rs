@@ -39,7 +39,7 @@ use crate::daemon::health::{Health, HealthStatus};
 use crate::state::records::Record;
 use crate::systemd::ActiveState;
 
-pub use server::{start, stop};
+pub use server::{Bound, start, stop};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WorkloadView {

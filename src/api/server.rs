@@ -2,9 +2,10 @@
 //! Server-Sent Events stream, and the limits a client cannot get past.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
-use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,8 +32,10 @@ const MAX_HEAD: usize = 8 * 1024;
 /// A client must send a complete request head within this, also between
 /// requests on a kept-alive connection.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// An event stream whose reader takes longer than this to accept the next
-/// event is closed: a stuck reader cannot hold anything for long.
+/// A connection whose writes make no progress for this long is closed: a
+/// client that sends requests (pipelined, or an event stream's) and never
+/// reads the answers cannot hold its slot once the socket's buffer is
+/// full. An event stream's feeder gives up on a queue full for as long.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A comment line on an idle event stream, so that proxies and clients
 /// see it alive and a vanished reader is noticed.
@@ -58,13 +61,31 @@ const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type ResponseBody = BoxBody<Bytes, Infallible>;
 
+/// The socket this process bound. Only it is removed at the end: the path
+/// is the admin's to choose, and whatever is there later (a file, another
+/// program's socket, a new daemon's) is not berth's.
+#[derive(Debug)]
+pub struct Bound {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Bound {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// Binds the socket with mode 0660, group `berth` when it exists; serves
 /// on a thread of its own. `[daemon] socket` is the admin's to choose, so
 /// berth touches only what is its own: the directory only when it creates
-/// it (0750, group `berth`), and only a stale socket at the path (the
-/// single-instance lock rules out a live daemon behind it); anything else
-/// there is an error, left as it is.
-pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
+/// it (0750, group `berth`), and only a dead socket at the path (a
+/// connection refused: a daemon that was killed); a socket that answers
+/// belongs to a live program (the single-instance lock rules out only
+/// another berth daemon), and anything else there is an error, left as it
+/// is.
+pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<Bound> {
     if let Some(dir) = path.parent()
         && !dir.exists()
     {
@@ -72,7 +93,7 @@ pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
         share_with_berth_group(dir, 0o750)?;
     }
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(meta) if meta.file_type().is_socket() => remove_if_dead(path)?,
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -83,6 +104,12 @@ pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
         Err(e) => return Err(e),
     }
     let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    let bound = Bound {
+        path: path.to_path_buf(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
     share_with_berth_group(path, 0o660)?;
     std_listener.set_nonblocking(true)?;
     let rt = crate::systemd::runtime()?;
@@ -95,12 +122,35 @@ pub fn start(path: &Path, shared: Arc<Shared>) -> io::Result<()> {
                 }
             });
         })?;
-    Ok(())
+    Ok(bound)
 }
 
-/// Removes the socket on a clean exit.
-pub fn stop(path: &Path) {
-    let _ = std::fs::remove_file(path);
+/// A socket nobody listens on is removed; one that accepts a connection is
+/// a live program's, and so is one that cannot be tried (no permission):
+/// both are refused, left in place.
+fn remove_if_dead(path: &Path) -> io::Result<()> {
+    match std::os::unix::net::UnixStream::connect(path) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ECONNREFUSED) => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "a live socket of another program answers there; left in place",
+        )),
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("a socket is there and cannot be tried ({e}); left in place"),
+        )),
+    }
+}
+
+/// Removes the socket at a clean exit, if it is still the one this process
+/// bound (same inode, still a socket).
+pub fn stop(bound: &Bound) {
+    match std::fs::symlink_metadata(&bound.path) {
+        Ok(meta) if meta.file_type().is_socket() && meta.dev() == bound.dev && meta.ino() == bound.ino => {
+            let _ = std::fs::remove_file(&bound.path);
+        }
+        _ => {}
+    }
 }
 
 /// What a connection may do, by the slot it got.
@@ -171,7 +221,7 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         let (shared, limits) = (shared.clone(), limits.clone());
         let builder = if slot == Slot::Full { &http } else { &health_only };
         let connection = builder.serve_connection(
-            TokioIo::new(stream),
+            TokioIo::new(WriteDeadline::new(stream, WRITE_TIMEOUT)),
             service_fn(move |request| {
                 let answer = answer(&request, &shared, &limits, slot);
                 async move { Ok::<_, Infallible>(answer) }
@@ -181,6 +231,83 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
             let _ = connection.await;
             drop(permit);
         });
+    }
+}
+
+/// A stream whose writes fail with `TimedOut` once one has waited
+/// `limit` without progress; reads pass through (hyper bounds them).
+struct WriteDeadline {
+    inner: tokio::net::UnixStream,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(inner: tokio::net::UnixStream, limit: Duration) -> WriteDeadline {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// A write's answer: progress (or a real error) clears the deadline;
+    /// a write that must wait starts it, and past it the write fails.
+    fn deadline<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client did not read its answers",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for WriteDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteDeadline {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.deadline(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -323,8 +450,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("api/sock");
         let shared = Shared::new(Duration::from_secs(10));
-        start(&path, shared.clone()).unwrap();
+        let _bound = start(&path, shared.clone()).unwrap();
         (dir, path, shared)
+    }
+
+    /// A socket file with nobody behind it, as a killed daemon leaves it.
+    fn dead_socket(path: &Path) {
+        drop(std::os::unix::net::UnixListener::bind(path).unwrap());
+        assert!(std::fs::symlink_metadata(path).unwrap().file_type().is_socket());
     }
 
     /// Sends `requests` on one connection and reads until the server
@@ -427,13 +560,98 @@ mod tests {
         start(&sock, Shared::new(Duration::from_secs(10))).unwrap();
         assert_eq!(std::fs::metadata(&shared_dir).unwrap().mode() & 0o7777, 0o1777);
         // A stale socket (a daemon that was killed) is replaced.
-        start(&sock, Shared::new(Duration::from_secs(10))).unwrap();
+        let stale = shared_dir.join("stale.sock");
+        dead_socket(&stale);
+        start(&stale, Shared::new(Duration::from_secs(10))).unwrap();
 
         let own = dir.path().join("berthd/api.sock");
         start(&own, Shared::new(Duration::from_secs(10))).unwrap();
         assert_eq!(
             std::fs::metadata(own.parent().unwrap()).unwrap().mode() & 0o7777,
             0o750
+        );
+    }
+
+    /// Issue 31, item 2: any socket at the path was unlinked and bound
+    /// again, so another program's clients got berth's answers.
+    #[test]
+    fn a_live_socket_of_another_program_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("theirs.sock");
+        let theirs = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = std::fs::symlink_metadata(&path).unwrap().ino();
+        let e = start(&path, Shared::new(Duration::from_secs(10))).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
+        assert!(e.to_string().contains("another program"), "{e}");
+        assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), before);
+        let _client = UnixStream::connect(&path).unwrap();
+        assert!(theirs.accept().is_ok(), "their clients still reach them");
+    }
+
+    /// Issue 31, item 1: stopping removed whatever the path named by then.
+    #[test]
+    fn stop_removes_only_the_socket_it_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let bound = start(&path, Shared::new(Duration::from_secs(10))).unwrap();
+        assert_eq!(bound.path(), path);
+        // Replaced meanwhile by a file, then by another program's socket.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "notes").unwrap();
+        stop(&bound);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "notes");
+        std::fs::remove_file(&path).unwrap();
+        let _theirs = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        stop(&bound);
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_socket());
+        // Its own socket goes.
+        std::fs::remove_file(&path).unwrap();
+        let bound = start(&path, Shared::new(Duration::from_secs(10))).unwrap();
+        stop(&bound);
+        assert!(std::fs::symlink_metadata(&path).is_err(), "its own socket stays");
+    }
+
+    /// Issue 31, item 10: a client that pipelined requests and never read
+    /// the answers held its connection slot for good once the socket's
+    /// buffer was full.
+    #[test]
+    fn a_client_that_never_reads_is_cut_off_after_the_write_deadline() {
+        let (_dir, path, shared) = serve();
+        // Answers of ~300 kB each: two fill every buffer on the way.
+        for i in 0..2000 {
+            let mut v = view(&format!("workload-with-a-long-name-{i:05}"));
+            v.unit = format!("{}-{}.service", "u".repeat(60), i);
+            shared.publish(v);
+        }
+        let s = UnixStream::connect(&path).unwrap();
+        let mut writer = s.try_clone().unwrap();
+        const REQUESTS: usize = 100;
+        std::thread::spawn(move || {
+            for _ in 0..REQUESTS {
+                if writer
+                    .write_all(b"GET /v1/workloads HTTP/1.1\r\nHost: b\r\n\r\n")
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        std::thread::sleep(WRITE_TIMEOUT + Duration::from_secs(3));
+        // Read what was sent before the server gave up: far fewer answers
+        // than requests, then the end of the connection.
+        let mut s = s;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        match s.read_to_end(&mut out) {
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
+        }
+        let answers = String::from_utf8_lossy(&out)
+            .matches("HTTP/1.1 200 OK\r\n")
+            .count();
+        assert!(
+            answers < REQUESTS / 2,
+            "{answers} answers: the connection was kept"
         );
     }
 

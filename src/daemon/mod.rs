@@ -116,7 +116,11 @@ pub fn main(root: &Root, options: Options) -> Result<Exit, StartError> {
 /// (`reload_first`: only SIGHUP reloads systemd itself). Some when the
 /// daemon must leave to be relaunched: a new binary, or new daemon
 /// settings, which the generator turns into unit settings (WatchdogSec).
-async fn reread<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, reload_first: bool) -> Option<Exit> {
+async fn reread<O: Ops>(
+    sup: &mut Supervisor<O>,
+    socket: Option<&api::Bound>,
+    reload_first: bool,
+) -> Option<Exit> {
     let fresh = config::load(&sup.root);
     if binary_replaced() {
         return Some(leave(
@@ -178,18 +182,19 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         .reconcile_interval
         .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
     let socket = root.join(&loaded.host.daemon.socket);
-    let api = if loaded.host.daemon.api && !options.no_api {
+    let (api, socket) = if loaded.host.daemon.api && !options.no_api {
         let shared = Shared::new(interval * 3 + Duration::from_secs(5));
         match api::start(&socket, shared.clone()) {
-            Ok(()) => Some(shared),
+            Ok(bound) => (Some(shared), Some(bound)),
             Err(e) => {
                 events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
-                None
+                (None, None)
             }
         }
     } else {
-        None
+        (None, None)
     };
+    let socket = socket.as_ref();
     // Cluster mode: the agent's own thread joins and keeps the lease.
     let cluster = crate::state::runs::boot_id()
         .ok()
@@ -253,7 +258,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
         tokio::select! {
             Some(change) = changes.recv() => {
                 if change == Change::Reloaded {
-                    if let Some(exit) = reread(&mut sup, &socket, false).await {
+                    if let Some(exit) = reread(&mut sup, socket, false).await {
                         return Ok(exit);
                     }
                 } else {
@@ -276,7 +281,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 // A package upgrade (or make install) replaced the binary
                 // under us: noticed within one interval, no signal needed.
                 if binary_replaced() {
-                    return Ok(leave(&mut sup, &socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
+                    return Ok(leave(&mut sup, socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
                 }
                 let began = std::time::Instant::now();
                 let running = sup.pass(false).await;
@@ -317,9 +322,9 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                     sup.events.warn(&format!("watchdog ping failed: {e}"));
                 }
             }
-            _ = sigterm.recv() => return Ok(leave(&mut sup, &socket, Exit::Stopped, "")),
+            _ = sigterm.recv() => return Ok(leave(&mut sup, socket, Exit::Stopped, "")),
             _ = sighup.recv() => {
-                if let Some(exit) = reread(&mut sup, &socket, true).await {
+                if let Some(exit) = reread(&mut sup, socket, true).await {
                     return Ok(exit);
                 }
             }
@@ -328,8 +333,8 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
 }
 
 /// The one way out of the loop: say why, tell systemd, make the records
-/// durable, remove the socket.
-fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, exit: Exit, why: &str) -> Exit {
+/// durable, remove the socket it bound (if it is still there).
+fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: Option<&api::Bound>, exit: Exit, why: &str) -> Exit {
     if !why.is_empty() {
         sup.events.info(why);
     }
@@ -344,7 +349,9 @@ fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: &Path, exit: Exit, why: &str) 
         sup.events.warn(&format!("cannot sync the records: {e}"));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    api::stop(socket);
+    if let Some(bound) = socket {
+        api::stop(bound);
+    }
     exit
 }
 
