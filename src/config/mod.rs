@@ -271,19 +271,43 @@ pub fn check_workload_text(
     let host = source::discover_host(root);
     let (host, _) = host::load(&host.host_files, &HostSettings::defaults_for(root));
     let w = workload::load_text(name, path, text, &host)?;
-    if w.existing_unit().is_some() {
-        // The rules across files, against what is configured now (read
-        // only for a `unit =` workload: a burst of adds stays cheap).
-        let loaded = load(root);
-        let owner = loaded
-            .workloads
-            .iter()
-            .find(|o| o.name != w.name && o.existing_unit() == w.existing_unit());
-        if let Some(e) = shared_unit(&w, &host, owner) {
-            return Err(vec![e]);
-        }
-    }
+    check_against_others(root, &w)?;
     Ok(w)
+}
+
+/// The rules across files for `w` against the workloads configured now
+/// (another of the same name is the one it replaces): one workload per
+/// unit, and no `berth@X` for a workload X that is an existing unit, in
+/// its lists or, when it is such a unit, in theirs. Read only when one
+/// can apply, so that a burst of plain adds stays cheap. A writer runs it
+/// again under the configuration lock, where no other writer can change
+/// the answer before its file is in place.
+pub fn check_against_others(root: &Root, w: &Workload) -> Result<(), Vec<ConfigError>> {
+    let names_an_instance = w
+        .after
+        .iter()
+        .chain(&w.wants)
+        .any(|u| crate::names::instance_of(u).is_some());
+    if w.existing_unit().is_none() && !names_an_instance {
+        return Ok(());
+    }
+    let loaded = load(root);
+    let owner = loaded
+        .workloads
+        .iter()
+        .find(|o| o.name != w.name && w.existing_unit().is_some() && o.existing_unit() == w.existing_unit());
+    if let Some(e) = shared_unit(w, &loaded.host, owner) {
+        return Err(vec![e]);
+    }
+    let mut all: Vec<Workload> = loaded
+        .workloads
+        .into_iter()
+        .filter(|o| o.name != w.name)
+        .collect();
+    all.push(w.clone());
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let errors = refuse_shared_units(&mut all, &loaded.host);
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
 }
 
 /// Loads one workload by name the way the generator would, for the

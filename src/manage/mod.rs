@@ -162,8 +162,10 @@ pub async fn add<O: Ops>(
     refuse_if_stopping(ops).await?;
     let reloaded = change_then_reload(ops, root, &path, || {
         // Checked under the lock, so that two adds of one name cannot
-        // both find it free. A file of the name in a directory of lower
+        // both find it free, nor two adds of one unit both find it
+        // unclaimed. A file of the name in a directory of lower
         // precedence (runtime, packages) is overridden, as asked.
+        config::check_against_others(root, &w).map_err(ChangeError::Invalid)?;
         let here = path.clone();
         let admin = Place::Admin.dir(root).join(format!("{name}.toml"));
         if here.symlink_metadata().is_ok() {
@@ -476,6 +478,52 @@ mod tests {
         add(&ops, &root, "pg", "unit = \"pg.service\"\n", Place::Admin, false)
             .await
             .unwrap();
+    }
+
+    /// Issue 31, item 3: the one-workload-per-unit check ran before the
+    /// lock, so two adds of one unit under different names both passed
+    /// it and both said "added"; the generator then dropped one.
+    #[tokio::test]
+    async fn an_add_checks_the_other_workloads_under_the_lock() {
+        use crate::state::lock::{self, ConfigLock};
+        use crate::systemd::{LoadState, UnitTopology};
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default();
+        ops.topologies.borrow_mut().insert(
+            "pg.service".to_string(),
+            UnitTopology {
+                load_state: LoadState::Loaded,
+                id: "pg.service".into(),
+                ..Default::default()
+            },
+        );
+        // Another writer holds the lock, and writes b with the same unit
+        // while this add waits for it.
+        let held = lock::config_within(&root, ConfigLock::Write, Duration::from_secs(1))
+            .await
+            .unwrap();
+        let other = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let dir = Place::Admin.dir(&root);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("b.toml"), "unit = \"pg.service\"\n").unwrap();
+            drop(held);
+        };
+        let (added, ()) = tokio::join!(
+            add(&ops, &root, "a", "unit = \"pg.service\"\n", Place::Admin, false),
+            other
+        );
+        match added {
+            Err(ChangeError::Invalid(e)) => assert!(
+                e[0].to_string()
+                    .contains("pg.service is already the unit of workload b"),
+                "{e:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(files(&Place::Admin.dir(&root)), ["b.toml"]);
+        assert_eq!(*ops.reloads.borrow(), 0);
     }
 
     /// Review of issue 11: a daemon-reload that outlasted the call's 10 s
