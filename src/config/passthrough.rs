@@ -569,9 +569,11 @@ fn expectation(kind: PassthroughKind) -> &'static str {
         Bool => "true or false",
         Weight => "an integer from 1 to 10000",
         CpuQuota => "a whole percentage above 0 like \"150%\"",
-        Bytes { zero: true } => "a size like \"512M\", a whole percentage up to \"100%\", or \"infinity\"",
+        Bytes { zero: true } => {
+            "a size like \"512M\" or \"1.5G\", a percentage up to \"100%\" (at most two decimals), or \"infinity\""
+        }
         Bytes { zero: false } => {
-            "a size above 0 like \"512M\", a whole percentage from \"1%\" to \"100%\", or \"infinity\""
+            "a size above 0 like \"512M\" or \"1.5G\", a percentage above 0 up to \"100%\" (at most two decimals), or \"infinity\""
         }
         Tasks => "a count of at least 1, a whole percentage up to \"100%\", or \"infinity\"",
         RlimitCount => "a count or \"infinity\"",
@@ -595,8 +597,9 @@ fn check_string(kind: PassthroughKind, s: &str) -> bool {
     match kind {
         CpuQuota => percent(s).is_some_and(|p| (1..=100_000).contains(&p)),
         Bytes { zero } => {
+            let s = blank_trimmed(s);
             s == "infinity"
-                || percent(s).is_some_and(|p| p <= 100 && (zero || p > 0))
+                || memory_percent(s).is_some_and(|p| zero || p > 0)
                 || size(s).is_some_and(|v| zero || v > 0)
         }
         // u64::MAX itself is systemd's "infinity": spelled as a number it
@@ -607,7 +610,7 @@ fn check_string(kind: PassthroughKind, s: &str) -> bool {
                 || number(s).is_some_and(|n| (1..u64::MAX).contains(&n))
         }
         RlimitCount => s == "infinity" || number(s).is_some_and(|n| n < u64::MAX),
-        RlimitSize => s == "infinity" || size(s).is_some(),
+        RlimitSize => s == "infinity" || size(blank_trimmed(s)).is_some(),
         CpuSet => cpu_set(s),
         Signal => TERMINATING_SIGNALS.contains(&s.strip_prefix("SIG").unwrap_or(s)),
         Duration => s == "infinity" || duration(s),
@@ -694,16 +697,115 @@ fn percent(s: &str) -> Option<u64> {
     number(s.strip_suffix('%')?)
 }
 
-/// Bytes, with an optional binary suffix; must stay below u64::MAX, which
-/// systemd reserves for "infinity".
+/// A size as systemd's parse_size(s, 1024) reads it, identically in 252
+/// and 257: one or more parts `[blanks][+]DIGITS[.DIGITS][blanks]SUFFIX`
+/// with suffixes E P T G M K B (powers of 1024) or none, upper case, each
+/// part's suffix smaller than the one before and a bare number only last
+/// ("1.5G", "1G 512M", "1.G"). A part's fraction is scaled in f64 and
+/// truncated, the way systemd computes it (so "0.3K" is 307 bytes). The
+/// sum must stay below u64::MAX, systemd's "infinity". Leading blanks are
+/// read; trailing ones are not (the unit-file reader strips both, see
+/// [`blank_trimmed`]).
 fn size(s: &str) -> Option<u64> {
-    const SUFFIXES: &[(char, u32)] = &[('K', 1), ('M', 2), ('G', 3), ('T', 4), ('P', 5), ('E', 6)];
-    let (digits, shift) = match SUFFIXES.iter().find(|(c, _)| s.ends_with(*c)) {
-        Some((_, k)) => (&s[..s.len() - 1], k * 10),
-        None => (s, 0),
+    const IEC: [(&str, u64); 8] = [
+        ("E", 1 << 60),
+        ("P", 1 << 50),
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+        ("B", 1),
+        ("", 1),
+    ];
+    if s.bytes().any(|c| c.is_ascii_control() && c != b'\t') {
+        return None;
+    }
+    let b = s.as_bytes();
+    let digits_from = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        i
     };
-    let n = number(digits)?;
-    n.checked_mul(1u64 << shift).filter(|v| *v < u64::MAX)
+    let (mut p, mut smallest_next, mut sum) = (0usize, 0usize, 0u64);
+    loop {
+        while p < b.len() && blank(b[p]) {
+            p += 1;
+        }
+        // strtoull: an optional sign, then digits; '-' is refused.
+        let sign = usize::from(matches!(b.get(p), Some(b'+' | b'-')));
+        let end = digits_from(p + sign);
+        if end == p + sign || b[p] == b'-' {
+            return None;
+        }
+        let whole: u64 = s[p + sign..end].parse().ok()?;
+        let mut e = end;
+        let mut frac = 0f64;
+        if b.get(e) == Some(&b'.') {
+            e += 1;
+            let fend = digits_from(e);
+            if fend > e {
+                let digits: u64 = s[e..fend].parse().ok()?;
+                frac = digits as f64;
+                for _ in e..fend {
+                    frac /= 10.0;
+                }
+                e = fend;
+            }
+        }
+        while e < b.len() && blank(b[e]) {
+            e += 1;
+        }
+        let i = (smallest_next..IEC.len()).find(|&i| s[e..].starts_with(IEC[i].0))?;
+        let factor = IEC[i].1;
+        // systemd's own test, with C's wrapping addition.
+        if whole.wrapping_add(u64::from(frac > 0.0)) > u64::MAX / factor {
+            return None;
+        }
+        let part = whole
+            .wrapping_mul(factor)
+            .wrapping_add((frac * factor as f64) as u64);
+        if part > u64::MAX - sum {
+            return None;
+        }
+        sum += part;
+        p = e + IEC[i].0.len();
+        smallest_next = i + 1;
+        if p >= b.len() {
+            break;
+        }
+    }
+    (sum < u64::MAX).then_some(sum)
+}
+
+fn blank(c: u8) -> bool {
+    c == b' ' || c == b'\t'
+}
+
+/// The value as systemd's unit-file reader hands it on: blanks around it
+/// stripped.
+fn blank_trimmed(s: &str) -> &str {
+    s.trim_matches([' ', '\t'])
+}
+
+/// A memory percentage in hundredths: "50%", "50.5%", "50.55%", at most
+/// 100%. systemd also reads "010%" (octal: 8%), "0x10%", "+50%", "5‰" and
+/// "50‱"; berth refuses those, so that what a file says is what applies.
+fn memory_percent(s: &str) -> Option<u64> {
+    let body = s.strip_suffix('%')?;
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
+    let plain = |d: &str| d.bytes().all(|c| c.is_ascii_digit());
+    if whole.is_empty()
+        || !plain(whole)
+        || (whole.len() > 1 && whole.starts_with('0'))
+        || fraction.len() > 2
+        || (body.contains('.') && fraction.is_empty())
+        || !plain(fraction)
+    {
+        return None;
+    }
+    let hundredths = number(whole)?.checked_mul(100)? + format!("{fraction:0<2}").parse::<u64>().ok()?;
+    (hundredths <= 10_000).then_some(hundredths)
 }
 
 fn cpu_set(s: &str) -> bool {
@@ -785,6 +887,12 @@ pub const ACCEPTED_SAMPLES: &[(&str, &str, &str)] = &[
     ("MemorySwapMax", "0", "MemorySwapMax=0"),
     ("MemoryMax", "1", "MemoryMax=1"),
     ("MemoryHigh", "\"1%\"", "MemoryHigh=1%"),
+    ("MemoryMax", "\"1.5G\"", "MemoryMax=1.5G"),
+    ("MemoryMax", "\"1G 512M\"", "MemoryMax=1G 512M"),
+    ("MemoryHigh", "\"0.01%\"", "MemoryHigh=0.01%"),
+    ("MemoryHigh", "\"50.55%\"", "MemoryHigh=50.55%"),
+    ("MemoryLow", "\"0.4\"", "MemoryLow=0.4"),
+    ("LimitCORE", "\"1.5G\"", "LimitCORE=1.5G"),
     (
         "LimitNOFILE",
         "\"18446744073709551614\"",
@@ -894,6 +1002,139 @@ mod tests {
         }
     }
 
+    const E: u64 = 1 << 60;
+    const P: u64 = 1 << 50;
+    const G: u64 = 1 << 30;
+    const M: u64 = 1 << 20;
+    const K: u64 = 1 << 10;
+
+    /// Issue 31, item 9: "1.5G" was refused although systemd 252 loads
+    /// it without a word. Each row is what parse_size gives in both 252
+    /// and 257 (called from their libsystemd-shared, and seen through
+    /// `systemd-analyze verify`); None: refused.
+    const SIZES: &[(&str, Option<u64>)] = &[
+        ("1.5G", Some(1610612736)),
+        ("1.5X", None),
+        ("1.5", Some(1)),
+        ("0.5K", Some(512)),
+        ("1.0000000000000000001G", Some(G)),
+        ("1.99999999999E", Some(2305843009202164992)),
+        ("16E", None),
+        ("15E", Some(15 * E)),
+        ("15.0E", Some(15 * E)),
+        ("15.9E", None),
+        ("14.5E", Some(16717361816799281152)),
+        ("1.G", Some(G)),
+        ("1.", Some(1)),
+        ("1..", None),
+        (".5G", None),
+        ("1 G", Some(G)),
+        ("1\tG", Some(G)),
+        ("1. G", Some(G)),
+        ("1 .5G", None),
+        ("1. 5G", None),
+        ("1G 1M", Some(G + M)),
+        ("1G1M", Some(G + M)),
+        ("1G+1M", Some(G + M)),
+        ("1G-1M", None),
+        ("1G 512M 3", Some(G + 512 * M + 3)),
+        ("1M 1G", None),
+        ("1G 1G", None),
+        ("1 1", None),
+        ("1K 1", Some(K + 1)),
+        ("1B 1", Some(2)),
+        ("1K 1B", Some(K + 1)),
+        ("1E 1P 1T 1G 1M 1K 1B 1", Some(1154048505100108802)),
+        ("1g", None),
+        ("1k", None),
+        ("1KB", None),
+        ("1BK", None),
+        ("1B", Some(1)),
+        ("2.5B", Some(2)),
+        ("1.5 B", Some(1)),
+        ("+1G", Some(G)),
+        ("-1G", None),
+        ("-0", None),
+        ("+ 1G", None),
+        ("1.+5G", None),
+        ("1.-5G", None),
+        ("1e3", None),
+        ("0x10", None),
+        ("50%", None),
+        ("infinity", None),
+        ("0", Some(0)),
+        ("0K", Some(0)),
+        ("0.4", Some(0)),
+        ("00012M", Some(12 * M)),
+        (" 1G", Some(G)),
+        ("\t1G", Some(G)),
+        ("1G ", None), // parse_size refuses; the unit-file reader strips it
+        ("1G\n", None),
+        ("\x0b1G", None), // systemd takes it; refused on purpose
+        ("0.1K", Some(102)),
+        ("0.3K", Some(307)),
+        ("0.9K", Some(921)),
+        ("1.1K", Some(1126)),
+        ("1.05G", Some(1127428915)),
+        ("1.005G", Some(1079110533)),
+        ("0.123456789M", Some(129453)),
+        ("0.0009765625K", Some(1)),
+        ("0.00048828125K", Some(0)),
+        ("0.9999999999999999999K", Some(K)), // f64 rounds up
+        ("0.99999999999999999999K", None),   // fraction digits overflow u64
+        ("1.18446744073709551616K", None),
+        ("1.00000000000000000000000000001K", Some(K)),
+        ("7.99999999999999999E", Some(8 * E)),
+        ("4.999999999999999999P", Some(5 * P)),
+        ("16383P", Some(16383 * P)),
+        ("16383.0P", Some(16383 * P)),
+        ("16383.5P", None),
+        ("16383.99999999999999P", None),
+        ("18446744073709551614", Some(u64::MAX - 1)),
+        ("18446744073709551614.5", Some(u64::MAX - 1)),
+        ("18446744073709551615", None),
+        ("18446744073709551615B", None),
+        ("18446744073709551615.5", None),
+        ("18446744073709551616", None),
+        ("15E 1023P 1023T 1023G 1023M 1023K 1022", Some(u64::MAX - 1)),
+        ("15E 1023P 1023T 1023G 1023M 1023K 1023", None),
+        // systemd's wrap-around: l = ULLONG_MAX plus a fraction rounding to 1
+        ("18446744073709551615.9999999999999999999", Some(0)),
+        ("", None),
+    ];
+
+    #[test]
+    fn sizes_are_read_as_systemd_reads_them() {
+        for (s, want) in SIZES {
+            assert_eq!(size(s), *want, "size({s:?})");
+        }
+        // A fraction whose f64 underflows to 0 is no fraction.
+        assert_eq!(size(&format!("15.{}1E", "0".repeat(400))), Some(15 * E));
+    }
+
+    #[test]
+    fn memory_percentages_are_plain_decimals() {
+        for (s, want) in [
+            ("50%", Some(5000)),
+            ("50.5%", Some(5050)),
+            ("50.55%", Some(5055)),
+            ("0.01%", Some(1)),
+            ("100.00%", Some(10_000)),
+            ("0%", Some(0)),
+            ("50.555%", None),
+            ("100.01%", None),
+            ("50.%", None),
+            (".5%", None),
+            ("010%", None),
+            ("0x10%", None),
+            ("+50%", None),
+            ("50 %", None),
+            ("5‰", None),
+        ] {
+            assert_eq!(memory_percent(s), want, "{s:?}");
+        }
+    }
+
     #[test]
     fn allowlist_is_sorted_for_binary_search() {
         let keys: Vec<_> = TYPED_SETTINGS.iter().map(|(k, _)| *k).collect();
@@ -936,7 +1177,15 @@ mod tests {
             ("MemoryMax", "-1"),
             ("MemoryMax", "\"101%\""),
             ("MemoryMax", "\"0.555%\""),
-            ("MemoryMax", "\"1.5G\""),
+            ("MemoryMax", "\"1.5X\""),
+            ("MemoryMax", "\".5G\""),
+            ("MemoryMax", "\"1g\""),
+            ("MemoryMax", "\"1M 1G\""),
+            ("MemoryMax", "\"15.9E\""),
+            ("MemoryMax", "\"0.4\""),
+            ("MemoryMax", "\"010%\""),
+            ("MemoryMax", "\"50.%\""),
+            ("MemoryMax", "\"\""),
             ("MemoryMax", "\"99999999999999999999\""),
             ("MemoryMax", "\"16E\""),
             ("CPUWeight", "0"),
