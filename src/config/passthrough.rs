@@ -778,6 +778,12 @@ fn size(s: &str) -> Option<u64> {
     (sum < u64::MAX).then_some(sum)
 }
 
+/// An rlimit size as systemd reads it: bytes, or None for "infinity" or
+/// a value it would not take.
+pub(super) fn rlimit_bytes(value: &str) -> Option<u64> {
+    size(blank_trimmed(value))
+}
+
 fn blank(c: u8) -> bool {
     c == b' ' || c == b'\t'
 }

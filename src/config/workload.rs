@@ -475,6 +475,41 @@ fn finish(
         service = passthrough::validate(t, path, &mut r.errors);
     }
     let ha = ha_policy(&mut r, host, force_off_on_timeout);
+    if let Some(WorkloadKind::Command { exec, stop_exec }) = &kind {
+        let commands = [
+            ("exec", Some(exec)),
+            ("stop_exec", stop_exec.as_ref()),
+            ("ready_exec", ready_exec.as_ref()),
+        ];
+        let stack = service
+            .iter()
+            .find(|s| s.key == "LimitSTACK")
+            .map(|s| s.value.as_str());
+        for (key, argv) in commands {
+            let Some(argv) = argv else { continue };
+            match execve_fits(argv, &environment, stack) {
+                Ok(()) => {}
+                Err(ExecveTooBig::Variable { name, bytes }) => {
+                    r.error(
+                        &format!("environment.{name}"),
+                        format!(
+                            "is {bytes} bytes as NAME=VALUE with its NUL; Linux takes at most {MAX_ARG_STRLEN} per string"
+                        ),
+                    );
+                    // The same for every command: said once.
+                    break;
+                }
+                Err(ExecveTooBig::Total { bytes, limit }) => r.error(
+                    if environment.is_empty() {
+                        key
+                    } else {
+                        "environment"
+                    },
+                    too_big_for_execve(key, bytes, limit),
+                ),
+            }
+        }
+    }
 
     errors.append(&mut r.finish(WORKLOAD_KEYS));
     match kind {
@@ -634,6 +669,67 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
         return None;
     }
     Some(out)
+}
+
+/// Why a command and the environment would not pass `execve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ExecveTooBig {
+    /// Argument and environment strings together, with their pointers.
+    Total { bytes: usize, limit: usize },
+    /// One `NAME=VALUE` string, with its NUL.
+    Variable { name: String, bytes: usize },
+}
+
+/// Why a command and the environment together are too big for execve.
+fn too_big_for_execve(command: &str, bytes: usize, limit: usize) -> String {
+    format!(
+        "with {command} takes {bytes} bytes of execve's arguments and environment (strings, NULs and \
+         pointers); at most {limit}: Linux's limit at the workload's LimitSTACK= (8M when not set), less \
+         {EXECVE_RESERVE} for the variables systemd adds"
+    )
+}
+
+/// Linux's limit on one argument or environment string, NUL included.
+const MAX_ARG_STRLEN: usize = 32 * 4096;
+/// Room left for what systemd and the manager add to the environment
+/// (INVOCATION_ID, NOTIFY_SOCKET, PATH, the manager's DefaultEnvironment=).
+const EXECVE_RESERVE: usize = 32 * 1024;
+
+/// Linux's bound on execve's strings and pointers (fs/exec.c): a quarter
+/// of the stack limit, at most three quarters of 8 MiB, at least 32 pages.
+fn execve_limit(limit_stack: Option<&str>) -> usize {
+    const DEFAULT_STACK: u64 = 8 << 20;
+    let stack = match limit_stack {
+        None => DEFAULT_STACK,
+        Some(v) => passthrough::rlimit_bytes(v).unwrap_or(u64::MAX),
+    };
+    let quarter = usize::try_from(stack / 4).unwrap_or(usize::MAX);
+    quarter.min(6 << 20).max(MAX_ARG_STRLEN)
+}
+
+/// Whether `argv` run with `environment` stays within what execve takes.
+fn execve_fits(
+    argv: &[String],
+    environment: &BTreeMap<String, String>,
+    limit_stack: Option<&str>,
+) -> Result<(), ExecveTooBig> {
+    const POINTER: usize = std::mem::size_of::<usize>();
+    let mut bytes: usize = argv.iter().map(|a| a.len() + 1 + POINTER).sum();
+    for (name, value) in environment {
+        let string = name.len() + 1 + value.len() + 1;
+        if string > MAX_ARG_STRLEN {
+            return Err(ExecveTooBig::Variable {
+                name: name.clone(),
+                bytes: string,
+            });
+        }
+        bytes += string + POINTER;
+    }
+    let limit = execve_limit(limit_stack).saturating_sub(EXECVE_RESERVE);
+    if bytes > limit {
+        return Err(ExecveTooBig::Total { bytes, limit });
+    }
+    Ok(())
 }
 
 /// The longest argv (all words together) or environment value. Escaping
@@ -1087,6 +1183,48 @@ mod tests {
             e.iter().any(|m| m.starts_with("D/web.toml: ready_exec[0]:")),
             "{e:?}"
         );
+    }
+
+    /// Issue 31, item 6: 30 values of 100 kB passed, the drop-in was 3 MB
+    /// and the start failed with 203/EXEC (E2BIG).
+    #[test]
+    fn what_execve_takes_is_bounded() {
+        let env = |n: usize, len: usize| {
+            let mut t = String::from("exec = [\"/bin/x\", \"a\"]\n");
+            for i in 0..n {
+                t.push_str(&format!("[environment]\n").repeat(usize::from(i == 0)));
+                t.push_str(&format!("V{i} = \"{}\"\n", "x".repeat(len)));
+            }
+            t
+        };
+        let e = load_text(&env(30, 100_000)).unwrap_err();
+        assert!(
+            e[0].contains("D/web.toml: environment: with exec takes 3000")
+                && e[0].contains("at most 2064384"),
+            "{e:?}"
+        );
+        assert!(
+            load_text(&env(10, 100_000)).is_ok(),
+            "1 MB fits the default 2 MiB"
+        );
+        // A smaller stack limit lowers Linux's bound: a quarter of it.
+        let small = format!("{}[service]\nLimitSTACK = \"1M\"\n", env(3, 100_000));
+        let e = load_text(&small).unwrap_err();
+        assert!(e[0].contains("at most 229376"), "{e:?}");
+        // One string is at most 32 pages, NUL included.
+        let e = load_text(&env(1, MAX_VALUE_LEN - 1)).unwrap_err();
+        assert!(
+            e[0].contains("environment.V0: is 131075 bytes as NAME=VALUE with its NUL"),
+            "{e:?}"
+        );
+        // The stop command is counted with the same environment.
+        let stop = format!(
+            "exec = [\"/bin/x\"]\nstop_exec = [\"/bin/y\", \"{}\"]\n",
+            "s".repeat(100_000)
+        );
+        assert!(load_text(&stop).is_ok());
+        assert_eq!(execve_limit(Some("infinity")), 6 << 20);
+        assert_eq!(execve_limit(Some("64K")), MAX_ARG_STRLEN);
     }
 
     #[test]
