@@ -29,7 +29,7 @@ pub mod verbs;
 
 use std::fmt;
 
-pub use verbs::{install, reload, uninstall};
+pub use verbs::{install, reload, render_per_user, uninstall};
 
 /// The step that failed, named in the error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -313,6 +313,19 @@ fn purge_state(root: &Root, report: &mut Report) -> Result<(), Error> {
 /// generator's output rewritten; then systemd reloads (which reruns the
 /// generators where there are some).
 pub async fn reload(root: &Root) -> Result<Report, Error> {
+    let mut report = render_per_user(root)?;
+    let sd = retrying(&mut report, Step::Connect, || Systemd::connect(root.manager())).await?;
+    retrying(&mut report, Step::Reload, || sd.reload()).await?;
+    report.say("reloaded systemd (generators rerun)");
+    Ok(report)
+}
+
+/// On a per-user install without a generator (no system-wide user
+/// generator), writes what the generator would: every verb that changes
+/// the configuration and reloads (`reload`, `add`, `remove`) runs it
+/// before the daemon-reload, so that the reload sees the change. Nothing
+/// to do elsewhere.
+pub fn render_per_user(root: &Root) -> Result<Report, Error> {
     let mut report = Report::default();
     if let Some(mut manifest) = manifest::read(root).map_err(|e| fail(Step::Preflight, e))?
         && manifest.source == Source::Files
@@ -384,9 +397,6 @@ pub async fn reload(root: &Root) -> Result<Report, Error> {
             ));
         }
     }
-    let sd = retrying(&mut report, Step::Connect, || Systemd::connect(root.manager())).await?;
-    retrying(&mut report, Step::Reload, || sd.reload()).await?;
-    report.say("reloaded systemd (generators rerun)");
     Ok(report)
 }
 

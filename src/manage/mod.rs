@@ -526,6 +526,44 @@ mod tests {
         assert_eq!(*ops.reloads.borrow(), 0);
     }
 
+    /// Issue 31, item 4: on a per-user install (no generator) add and
+    /// remove only reloaded, never wrote the generator's output: the new
+    /// workload's unit ran `berth not-configured`, the removed one's
+    /// drop-in stayed.
+    #[tokio::test]
+    async fn a_per_user_install_gets_its_units_written_by_add_and_remove() {
+        use crate::paths::UserDirs;
+        use crate::state::manifest::{self, Manifest, Source};
+        let dir = tempfile::tempdir().unwrap();
+        let home = PathBuf::from("/home/u");
+        let root = Root::new_user(
+            dir.path(),
+            UserDirs {
+                config_home: home.join(".config"),
+                runtime_dir: "/run/user/1000".into(),
+                home,
+            },
+        );
+        manifest::write(
+            &root,
+            &Manifest {
+                source: Source::Files,
+                files: Vec::new(),
+                enabled_target: false,
+                started_target: false,
+            },
+        )
+        .unwrap();
+        let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
+        let drop_in = root.join("/home/u/.config/systemd/user/berth@web.service.d/10-berth.conf");
+        add(&ops, &root, "web", WEB, Place::Admin, true).await.unwrap();
+        let text = std::fs::read_to_string(&drop_in).unwrap();
+        assert!(text.contains("/usr/bin/web"), "{text}");
+        remove(&ops, &root, "web", true).await.unwrap();
+        assert!(!drop_in.exists(), "the removed workload's drop-in stayed");
+        assert_eq!(*ops.reloads.borrow(), 2);
+    }
+
     /// Review of issue 11: a daemon-reload that outlasted the call's 10 s
     /// timeout (a big host) failed the add although systemd finished it.
     #[tokio::test]

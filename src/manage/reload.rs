@@ -29,6 +29,8 @@ struct Generations {
 #[derive(Debug)]
 pub enum ReloadError {
     Lock(std::io::Error),
+    /// A per-user install's units could not be written.
+    Render(String),
     Systemd(SystemdError),
 }
 
@@ -36,6 +38,7 @@ impl std::fmt::Display for ReloadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReloadError::Lock(e) => write!(f, "cannot take the configuration lock: {e}"),
+            ReloadError::Render(e) => write!(f, "the per-user units could not be written: {e}"),
             ReloadError::Systemd(e) => write!(f, "systemd could not be reloaded: {e}"),
         }
     }
@@ -95,6 +98,9 @@ pub async fn reload_covering<O: Ops>(ops: &O, root: &Root, mine: u64) -> Result<
         }
         g.written
     };
+    // A per-user install has no generator to run at the reload: its
+    // output is written here, from every file in place by now.
+    crate::install::render_per_user(root).map_err(|e| ReloadError::Render(e.to_string()))?;
     reload(ops).await.map_err(ReloadError::Systemd)?;
     // The supervisor reads the workload definitions at its start and at
     // SIGHUP: told once per reload, it knows of every file this reload

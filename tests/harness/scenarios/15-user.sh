@@ -118,6 +118,17 @@ check_contains "... renders the new workload" "rendered the generator's output" 
 check "berth@u3 can start" asu systemctl --user start berth@u3.service
 check_eq "... and runs" "active" "$(uprop berth@u3.service ActiveState)"
 
+# Issue 31, item 4: add and remove write the per-user units too.
+run berth --user add u4 --now -- /opt/berth-test/workload u4
+check_eq "per-user berth --user add --now: exit 0" "0" "$rc"
+check_eq "... whose unit runs the workload" "active" "$(uprop berth@u4.service ActiveState)"
+check_contains "... from its drop-in" "/opt/berth-test/workload u4" "$(asu systemctl --user cat berth@u4.service)"
+run berth --user remove u4 --stop
+check_eq "per-user berth --user remove --stop: exit 0" "0" "$rc"
+check "... removes its drop-in" test ! -e "$R/home/u/.config/systemd/user/berth@u4.service.d/10-berth.conf"
+check_lacks "... and list no longer shows it" "u4" "$(asu berth --user list)"
+check_contains "... and its unit would run nothing of it" "not-configured u4" "$(asu systemctl --user show -P ExecStart berth@u4.service)"
+
 # A system-wide user generator arrives later (a package): reload hands over
 # to it, removing the per-user copies of its output, which would shadow it.
 ct ln -s /usr/lib/systemd/system-generators/berth-generator /usr/lib/systemd/user-generators/berth-generator
