@@ -20,6 +20,10 @@ pub(super) struct AddArgs {
     /// Start it once systemd is reloaded, and wait for its start job.
     #[arg(long)]
     now: bool,
+    /// When NAME overrides a running workload of lower precedence (in
+    /// /run/berth, or a package's): stop it first, and wait for the stop.
+    #[arg(long)]
+    stop: bool,
     /// Take the whole workload file from FILE instead of the flags.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["exec", "unit", "description", "order", "no_autostart", "start_delay", "stop_action", "stop_delay", "ready", "ready_exec", "after", "wants", "env", "run_as", "run_as_group"])]
     from: Option<PathBuf>,
@@ -190,7 +194,7 @@ pub(super) fn add(root: &Root, a: Box<AddArgs>) -> i32 {
         return 1;
     }
     let done = with_systemd(root, |sd| async move {
-        Ok(manage::add(&sd, root, &a.name, &text, place, a.now).await)
+        Ok(manage::add(&sd, root, &a.name, &text, place, a.now, a.stop).await)
     });
     report("add", done, "added")
 }
@@ -210,6 +214,9 @@ fn report(verb: &str, done: anyhow::Result<Result<Done, ChangeError>>, did: &str
             1
         }
         Ok(Ok(done)) => {
+            if let Some((unit, result)) = &done.overridden {
+                say(&format!("stopped {unit} ({result}), the workload it overrides\n"));
+            }
             say(&format!(
                 "{did} {}; systemd reloaded{}\n",
                 crate::config::shown_path(&done.path),

@@ -49,6 +49,9 @@ pub enum ChangeError {
     Masked(PathBuf),
     /// No workload file of that name.
     Missing(String),
+    /// The add would override the file of a workload whose unit runs,
+    /// and no stop was asked for.
+    OverridesRunning(String, PathBuf),
     /// Only the admin and runtime directories are berth's to change.
     Packaged(PathBuf),
     /// Still running, and no stop was asked for: its file must stay while
@@ -91,6 +94,12 @@ impl std::fmt::Display for ChangeError {
                 f,
                 "{unit} is running; its file stays while it runs (its stop is in the drop-in made from it): use --stop"
             ),
+            ChangeError::OverridesRunning(unit, p) => write!(
+                f,
+                "{unit} is running as {} defines it; an override would leave it running without the drop-in \
+                 made from that file: use --stop to stop it first, or add once it is down; nothing written",
+                shown(p)
+            ),
             ChangeError::Stopping => write!(f, "the system is shutting down; nothing changed"),
             ChangeError::Changed(p) => write!(
                 f,
@@ -117,6 +126,8 @@ pub struct Done {
     pub reloaded: bool,
     /// With --now / --stop: how the start or stop job ended.
     pub job: Option<JobResult>,
+    /// An add that overrode a running workload: its unit, stopped first.
+    pub overridden: Option<(String, JobResult)>,
 }
 
 /// Refused while the system shuts down: a unit loaded then would be
@@ -133,6 +144,9 @@ async fn refuse_if_stopping<O: Ops>(ops: &O) -> Result<(), ChangeError> {
 /// checks it, written atomically (a temporary name that never matches
 /// `*.toml`), systemd reloaded (or covered by a concurrent writer's
 /// reload), and with `start` the unit started and its job waited for.
+/// A file of the name in a directory of lower precedence is overridden;
+/// if its workload runs, it is stopped first with `stop_overridden`, and
+/// the add refused without (as `remove` refuses).
 pub async fn add<O: Ops>(
     ops: &O,
     root: &Root,
@@ -140,6 +154,7 @@ pub async fn add<O: Ops>(
     text: &str,
     place: Place,
     start: bool,
+    stop_overridden: bool,
 ) -> Result<Done, ChangeError> {
     let path = place.dir(root).join(format!("{name}.toml"));
     let w = config::check_workload_text(root, name, &path, text).map_err(ChangeError::Invalid)?;
@@ -160,6 +175,7 @@ pub async fn add<O: Ops>(
     }
     let unit = w.unit_name();
     refuse_if_stopping(ops).await?;
+    let overridden = stop_overridden_workload(ops, root, name, &path, stop_overridden).await?;
     let reloaded = change_then_reload(ops, root, &path, || {
         // Checked under the lock, so that two adds of one name cannot
         // both find it free, nor two adds of one unit both find it
@@ -187,7 +203,66 @@ pub async fn add<O: Ops>(
     } else {
         None
     };
-    Ok(Done { path, reloaded, job })
+    Ok(Done {
+        path,
+        reloaded,
+        job,
+        overridden,
+    })
+}
+
+/// The workload an add to `path` overrides (its file, of lower
+/// precedence, wins now): a running one would be left running without
+/// the drop-in made from its file (or, when the override names another
+/// unit, unmanaged altogether), so it is stopped first when asked, and
+/// the add refused otherwise. An existing unit (`unit =`) keeps running
+/// under its own rules, as at a remove. Returns the stop's result.
+async fn stop_overridden_workload<O: Ops>(
+    ops: &O,
+    root: &Root,
+    name: &str,
+    path: &Path,
+    stop: bool,
+) -> Result<Option<(String, JobResult)>, ChangeError> {
+    // Only a file of lower precedence is overridden: an admin file masks
+    // a runtime add, which is refused under the lock.
+    let admin = Place::Admin.dir(root);
+    let Some(current) =
+        config::find_workload_file(root, name).filter(|p| p != path && p.parent() != Some(admin.as_path()))
+    else {
+        return Ok(None);
+    };
+    let existing = config::load_workload(root, name).and_then(|w| w.existing_unit().map(str::to_string));
+    let unit = existing.clone().unwrap_or_else(|| unit_name(name));
+    let running = !ops
+        .active_state(&unit)
+        .await
+        .map_err(|e| ChangeError::Systemd(e.to_string()))?
+        .is_down();
+    if !running || (existing.is_some() && !stop) {
+        return Ok(None);
+    }
+    if !stop {
+        return Err(ChangeError::OverridesRunning(unit, current));
+    }
+    let result = stop_and_wait(ops, &unit).await?;
+    Ok(Some((unit, result)))
+}
+
+/// Stops `unit` and waits for its job: anything but done is an error,
+/// and nothing is changed.
+async fn stop_and_wait<O: Ops>(ops: &O, unit: &str) -> Result<JobResult, ChangeError> {
+    let job = ops
+        .stop(unit)
+        .await
+        .map_err(|e| ChangeError::Systemd(e.to_string()))?;
+    match ops.wait(&job, None).await {
+        Some(JobResult::Done) => Ok(JobResult::Done),
+        result => Err(ChangeError::Systemd(format!(
+            "the stop of {unit} ended {}; nothing changed",
+            result.map_or("without a result".to_string(), |r| r.to_string())
+        ))),
+    }
 }
 
 /// Removes workload `name`'s file (the one that wins) and reloads. A
@@ -222,18 +297,7 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
         if !stop {
             return Err(ChangeError::Running(unit));
         }
-        let job = ops
-            .stop(&unit)
-            .await
-            .map_err(|e| ChangeError::Systemd(e.to_string()))?;
-        let result = ops.wait(&job, None).await;
-        if result != Some(JobResult::Done) {
-            return Err(ChangeError::Systemd(format!(
-                "the stop of {unit} ended {}; its file stays",
-                result.map_or("without a result".to_string(), |r| r.to_string())
-            )));
-        }
-        result
+        Some(stop_and_wait(ops, &unit).await?)
     } else {
         None
     };
@@ -248,7 +312,12 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
         std::fs::remove_file(&path).map_err(|e| ChangeError::Io(path.clone(), e))
     })
     .await?;
-    Ok(Done { path, reloaded, job })
+    Ok(Done {
+        path,
+        reloaded,
+        job,
+        overridden: None,
+    })
 }
 
 /// `change` to the file at `path`, counted under the write lock, then a
@@ -292,19 +361,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
-        let done = add(&ops, &root, "web", WEB, Place::Admin, true).await.unwrap();
+        let done = add(&ops, &root, "web", WEB, Place::Admin, true, false)
+            .await
+            .unwrap();
         assert_eq!(done.path, dir.path().join("etc/berth/workloads/web.toml"));
         assert_eq!(std::fs::read_to_string(&done.path).unwrap(), WEB);
         assert!(done.reloaded);
         assert_eq!(done.job, Some(JobResult::Done));
         assert_eq!(*ops.reloads.borrow(), 1);
         assert!(matches!(
-            add(&ops, &root, "web", WEB, Place::Admin, false).await,
+            add(&ops, &root, "web", WEB, Place::Admin, false, false).await,
             Err(ChangeError::Exists(_))
         ));
         assert!(
             matches!(
-                add(&ops, &root, "web", WEB, Place::Runtime, false).await,
+                add(&ops, &root, "web", WEB, Place::Runtime, false, false).await,
                 Err(ChangeError::Masked(_))
             ),
             "/etc wins: a runtime file would never be read"
@@ -326,6 +397,7 @@ mod tests {
             "exec = \"/bin/x\"\norder = \"first\"\n",
             Place::Admin,
             true,
+            false,
         )
         .await
         else {
@@ -343,7 +415,7 @@ mod tests {
             "{text:?}"
         );
         assert!(matches!(
-            add(&ops, &root, "../x", WEB, Place::Admin, false).await,
+            add(&ops, &root, "../x", WEB, Place::Admin, false, false).await,
             Err(ChangeError::Invalid(_))
         ));
         assert_eq!(files(&Place::Admin.dir(&root)), Vec::<String>::new());
@@ -357,7 +429,7 @@ mod tests {
         let ops = FakeOps::default();
         *ops.system_state.borrow_mut() = Some("stopping".into());
         assert!(matches!(
-            add(&ops, &root, "web", WEB, Place::Runtime, false).await,
+            add(&ops, &root, "web", WEB, Place::Runtime, false, false).await,
             Err(ChangeError::Stopping)
         ));
         assert_eq!(files(&Place::Runtime.dir(&root)), Vec::<String>::new());
@@ -368,7 +440,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
-        let path = add(&ops, &root, "web", WEB, Place::Runtime, false)
+        let path = add(&ops, &root, "web", WEB, Place::Runtime, false, false)
             .await
             .unwrap()
             .path;
@@ -402,7 +474,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         let ops = FakeOps::default();
-        let path = add(&ops, &root, "web", WEB, Place::Admin, false)
+        let path = add(&ops, &root, "web", WEB, Place::Admin, false, false)
             .await
             .unwrap()
             .path;
@@ -465,7 +537,7 @@ mod tests {
             ("gone.service", "is not-found: there is no such unit to take over"),
         ] {
             let text = format!("unit = \"{unit}\"\n");
-            match add(&ops, &root, "w", &text, Place::Admin, false).await {
+            match add(&ops, &root, "w", &text, Place::Admin, false, false).await {
                 Err(ChangeError::Invalid(e)) => {
                     assert!(e[0].to_string().contains(why), "{unit}: {e:?}");
                     assert_eq!(e[0].key.as_deref(), Some("unit"));
@@ -475,9 +547,17 @@ mod tests {
             assert_eq!(files(&Place::Admin.dir(&root)), Vec::<String>::new());
         }
         assert_eq!(*ops.reloads.borrow(), 0);
-        add(&ops, &root, "pg", "unit = \"pg.service\"\n", Place::Admin, false)
-            .await
-            .unwrap();
+        add(
+            &ops,
+            &root,
+            "pg",
+            "unit = \"pg.service\"\n",
+            Place::Admin,
+            false,
+            false,
+        )
+        .await
+        .unwrap();
     }
 
     /// Issue 31, item 3: the one-workload-per-unit check ran before the
@@ -511,7 +591,15 @@ mod tests {
             drop(held);
         };
         let (added, ()) = tokio::join!(
-            add(&ops, &root, "a", "unit = \"pg.service\"\n", Place::Admin, false),
+            add(
+                &ops,
+                &root,
+                "a",
+                "unit = \"pg.service\"\n",
+                Place::Admin,
+                false,
+                false
+            ),
             other
         );
         match added {
@@ -556,12 +644,64 @@ mod tests {
         .unwrap();
         let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
         let drop_in = root.join("/home/u/.config/systemd/user/berth@web.service.d/10-berth.conf");
-        add(&ops, &root, "web", WEB, Place::Admin, true).await.unwrap();
+        add(&ops, &root, "web", WEB, Place::Admin, true, false)
+            .await
+            .unwrap();
         let text = std::fs::read_to_string(&drop_in).unwrap();
         assert!(text.contains("/usr/bin/web"), "{text}");
         remove(&ops, &root, "web", true).await.unwrap();
         assert!(!drop_in.exists(), "the removed workload's drop-in stayed");
         assert_eq!(*ops.reloads.borrow(), 2);
+    }
+
+    /// Issue 31, item 5: an add to /etc/berth that overrode a running
+    /// runtime workload left its unit running without a drop-in (and,
+    /// when the override named another unit, unmanaged altogether).
+    #[tokio::test]
+    async fn an_override_of_a_running_workload_stops_it_first_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        add(&ops, &root, "web", WEB, Place::Runtime, false, false)
+            .await
+            .unwrap();
+        let other = "exec = [\"/usr/bin/other\"]\n";
+        match add(&ops, &root, "web", other, Place::Admin, false, false).await {
+            Err(e @ ChangeError::OverridesRunning(..)) => {
+                let said = e.to_string();
+                assert!(
+                    said.contains("berth@web.service is running as ")
+                        && said.contains("/run/berth/workloads/web.toml defines it"),
+                    "{said}"
+                );
+                assert!(said.contains("use --stop"), "{said}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(files(&Place::Admin.dir(&root)), Vec::<String>::new());
+        let done = add(&ops, &root, "web", other, Place::Admin, true, true)
+            .await
+            .unwrap();
+        assert_eq!(
+            done.overridden,
+            Some(("berth@web.service".to_string(), JobResult::Done)),
+            "stopped first"
+        );
+        assert_eq!(
+            done.job,
+            Some(JobResult::Done),
+            "then started as the override defines it"
+        );
+        assert_eq!(files(&Place::Admin.dir(&root)), ["web.toml"]);
+        // A workload that is down is overridden without a word.
+        let ops = FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO));
+        add(&ops, &root, "db", WEB, Place::Runtime, false, false)
+            .await
+            .unwrap();
+        let done = add(&ops, &root, "db", other, Place::Admin, false, false)
+            .await
+            .unwrap();
+        assert_eq!(done.overridden, None);
     }
 
     /// Review of issue 11: a daemon-reload that outlasted the call's 10 s
@@ -572,7 +712,9 @@ mod tests {
         let root = Root::new(dir.path());
         let ops = FakeOps::default();
         ops.reload_times_out.set(true);
-        let done = add(&ops, &root, "web", WEB, Place::Admin, false).await.unwrap();
+        let done = add(&ops, &root, "web", WEB, Place::Admin, false, false)
+            .await
+            .unwrap();
         assert!(done.reloaded);
     }
 }
