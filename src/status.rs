@@ -117,7 +117,9 @@ pub fn gather(
 /// The berth units' state from `systemctl show` (which uses the manager's
 /// private socket), when the bus is not there.
 fn via_systemctl(manager: Manager) -> Result<serde_json::Map<String, Value>, Unreachable> {
+    // In the C locale, like every program whose output berth parses.
     let out = std::process::Command::new("systemctl")
+        .env("LC_ALL", "C")
         .args([manager.flag(), "show", "--property=Id,ActiveState,MainPID"])
         .args(UNITS)
         .output()

@@ -23,7 +23,9 @@ use crate::paths::Root;
 use crate::state::drain_report::{Found, Outcome, Report, StopResult};
 use crate::state::records::{self, Updated};
 use crate::state::{atomic, lock};
-use crate::systemd::{ActiveState, Job, JobResult, MAX_JOBS_IN_FLIGHT, Ops, SystemdError, UnitStatus};
+use crate::systemd::{
+    ActiveState, Job, JobResult, JobType, MAX_JOBS_IN_FLIGHT, Ops, SystemdError, UnitStatus,
+};
 use crate::time::rfc3339;
 
 /// Runs the drain. When the live units cannot be listed, every configured
@@ -77,11 +79,16 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
     let spent = deadline + BUDGET_AFTER_DEADLINE;
     let existing = loaded.workload_units().existing_units();
     // Asked together: a bus that stopped answering costs one wait.
-    let (listed, state, manager_started) = tokio::join!(
+    let (listed, state, manager_started, drain) = tokio::join!(
         ops.list_workloads(&existing),
         ops.system_state(),
-        ops.manager_started_us()
+        ops.manager_started_us(),
+        ops.details(crate::names::DRAIN)
     );
+    // The shutdown's stop job of the drain unit (none when run by hand):
+    // job ids only grow, so a workload's stop job older than it was
+    // queued before the shutdown began.
+    let drain_job = drain.ok().map(|d| d.job_id).filter(|id| *id != 0);
     let shutdown = state.ok().map(|s| s == "stopping");
     let listed_ok = listed.is_ok();
     let live = match listed {
@@ -103,6 +110,7 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
                         active_state: state,
                         sub_state: String::new(),
                         path: String::new(),
+                        job: None,
                     });
                 }
             }
@@ -121,11 +129,12 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
                     active_state: ActiveState::Active,
                     sub_state: "unknown".into(),
                     path: String::new(),
+                    job: None,
                 })
                 .collect()
         }
     };
-    let found = listed_ok.then(|| found_states(loaded, &live));
+    let found = listed_ok.then(|| found_states(loaded, &live, drain_job));
     let groups = plan::groups(loaded, &live);
     let everyone: Vec<(String, String)> = groups
         .iter()
@@ -199,13 +208,16 @@ pub(super) async fn run_showing<O: Ops, W: Write>(
 }
 
 /// How each configured workload's unit was when the drain began, by
-/// workload (absent: its unit is not loaded, so off).
-fn found_states(loaded: &Loaded, live: &[UnitStatus]) -> BTreeMap<String, Found> {
+/// workload (absent: its unit is not loaded, so off). `drain_job` is the
+/// shutdown's stop job of the drain unit.
+fn found_states(loaded: &Loaded, live: &[UnitStatus], drain_job: Option<u32>) -> BTreeMap<String, Found> {
     let units = loaded.workload_units();
     live.iter()
         .filter_map(|u| {
             let name = units.workload_of(&u.name)?;
-            let found = if u.is_running() {
+            let found = if stopped_before_the_shutdown(u, drain_job) {
+                Found::Stopping
+            } else if u.is_running() {
                 Found::Running
             } else if u.active_state == ActiveState::Failed {
                 Found::Failed
@@ -215,6 +227,18 @@ fn found_states(loaded: &Loaded, live: &[UnitStatus]) -> BTreeMap<String, Found>
             Some((name.to_string(), found))
         })
         .collect()
+}
+
+/// A unit deactivating when the drain begins is being stopped by someone
+/// other than the drain, which has not stopped anything yet. The
+/// shutdown transaction never stops a workload unit itself (no
+/// Conflicts=shutdown.target), but an admin's own dependencies can pull
+/// a stop into it: only a stop job queued before the shutdown's (an
+/// older, smaller id) is an admin's or a dependency's decision to stop
+/// it. Its own exit (no job) and a restart stay meant to run.
+fn stopped_before_the_shutdown(u: &UnitStatus, drain_job: Option<u32>) -> bool {
+    u.active_state == ActiveState::Deactivating
+        && matches!((&u.job, drain_job), (Some((id, JobType::Stop)), Some(drain)) if *id < drain)
 }
 
 /// The groups, in order, `parallelism` stops at a time; past the deadline

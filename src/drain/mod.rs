@@ -221,6 +221,53 @@ pub(crate) mod tests {
         );
     }
 
+    /// Issue 31, item 8: a unit found deactivating counted as running, so
+    /// last-state started again at the next boot what an admin was
+    /// stopping when the shutdown began. Only a stop job older than the
+    /// shutdown's (the drain unit's) is taken for such a stop.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_queued_before_the_shutdown_counts_as_off_for_last_state() {
+        use crate::state::drain_report::Found;
+        use crate::systemd::{ActiveState, JobType};
+        let (_d, root, loaded) = setup(
+            "",
+            &[("admin", ""), ("shutdown", ""), ("exiting", ""), ("restart", "")],
+        );
+        let ops = FakeOps::default();
+        let mut ops = ops;
+        for w in ["admin", "shutdown", "exiting", "restart"] {
+            ops = ops.unit(w, true, Behaviour::Takes(SEC));
+            ops.states
+                .borrow_mut()
+                .insert(format!("berth@{w}.service"), ActiveState::Deactivating);
+        }
+        *ops.system_state.borrow_mut() = Some("stopping".into());
+        ops.pending.borrow_mut().extend([
+            ("berth@admin.service".to_string(), (10, JobType::Stop)),
+            (crate::names::DRAIN.to_string(), (20, JobType::Stop)),
+            ("berth@shutdown.service".to_string(), (21, JobType::Stop)),
+            ("berth@restart.service".to_string(), (11, JobType::Restart)),
+        ]);
+        let report = drain_now(&ops, &root, &loaded).await;
+        let found: BTreeMap<&str, Option<Found>> = report
+            .workloads
+            .iter()
+            .map(|w| (w.workload.as_str(), w.found))
+            .collect();
+        assert_eq!(
+            found,
+            BTreeMap::from([
+                ("admin", Some(Found::Stopping)),
+                ("exiting", Some(Found::Running)),
+                ("restart", Some(Found::Running)),
+                ("shutdown", Some(Found::Running)),
+            ])
+        );
+        let mut meant: Vec<&str> = report.meant_to_run().collect();
+        meant.sort();
+        assert_eq!(meant, ["exiting", "restart", "shutdown"]);
+    }
+
     /// Review of issue 11: systemd lists no alias, so an existing unit
     /// named by one looked AlreadyOff and was never stopped. It is asked
     /// for by its name.

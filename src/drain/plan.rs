@@ -219,6 +219,7 @@ mod tests {
             active_state: crate::systemd::ActiveState::Active,
             sub_state: String::new(),
             path: String::new(),
+            job: None,
         };
         for live in [
             [up("berth@pg.service"), up("postgresql.service")],

@@ -97,13 +97,20 @@ impl std::fmt::Display for VirshError {
 
 impl std::error::Error for VirshError {}
 
+/// The virsh command line, in the C locale: libvirt translates the
+/// states berth parses ("shut off" is "ausgeschaltet" under de_DE), and
+/// an unknown state would read as running.
+fn virsh_command(args: &[&str]) -> Command {
+    let mut command = Command::new("virsh");
+    command.args(["--quiet", "-c", URI]).args(args).env("LC_ALL", "C");
+    command
+}
+
 /// `virsh -c qemu:///system ARGS…`, killed after `limit`; its standard
 /// output on success. The domain name is always an option's value
 /// (`--domain NAME`), never a bare word virsh could read as an option.
 pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
-    let mut child = Command::new("virsh")
-        .args(["--quiet", "-c", URI])
-        .args(args)
+    let mut child = virsh_command(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -151,6 +158,18 @@ pub fn state(domain: &str) -> Result<DomainState, VirshError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 31, item 7: virsh ran in the unit's locale, and a German
+    /// one made every state unknown.
+    #[test]
+    fn virsh_runs_in_the_c_locale() {
+        let command = virsh_command(&["domstate", "--domain", "vm"]);
+        let env: Vec<_> = command.get_envs().collect();
+        assert!(
+            env.contains(&(std::ffi::OsStr::new("LC_ALL"), Some(std::ffi::OsStr::new("C")))),
+            "{env:?}"
+        );
+    }
 
     #[test]
     fn domain_states_as_virsh_prints_them() {

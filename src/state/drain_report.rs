@@ -86,8 +86,14 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Found {
-    /// Active, activating, reloading or deactivating.
+    /// Active, activating, reloading, or deactivating other than by a
+    /// stop queued before the shutdown (its own exit, a restart, or a
+    /// stop the shutdown itself pulled in).
     Running,
+    /// Deactivating by a stop job queued before the shutdown began (the
+    /// drain's own stop job is newer): an admin's stop, or a dependency's.
+    /// Meant to be off, like one found inactive.
+    Stopping,
     /// Failed: it crashed or its start failed; nobody stopped it.
     Failed,
     /// Inactive: stopped (by an admin, or itself), or never started.
@@ -165,7 +171,7 @@ impl Report {
         self.workloads
             .iter()
             .filter(|r| match r.found {
-                Some(found) => found != Found::Off,
+                Some(found) => matches!(found, Found::Running | Found::Failed),
                 None => r.outcome != Outcome::AlreadyOff,
             })
             .map(|r| r.workload.as_str())

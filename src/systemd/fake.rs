@@ -69,6 +69,9 @@ pub struct FakeOps {
     pub states: RefCell<HashMap<String, ActiveState>>,
     /// unit → what topology() tells of it (else: loaded, no dependencies).
     pub topologies: RefCell<HashMap<String, UnitTopology>>,
+    /// unit → a pending job the listing and details() show (one queued
+    /// by someone else: an admin's stop, the shutdown's).
+    pub pending: RefCell<HashMap<String, (u32, JobType)>>,
 }
 
 impl FakeOps {
@@ -196,6 +199,7 @@ impl Ops for FakeOps {
                     .unwrap_or_else(|| state(*running)),
                 sub_state: String::new(),
                 path: crate::names::unit_object_path(name),
+                job: self.pending.borrow().get(name).cloned(),
             })
             .collect())
     }
@@ -291,6 +295,7 @@ impl Ops for FakeOps {
             load_state: LoadState::Loaded,
             active_state: self.active_state(unit).await?,
             invocation_id: self.invocations.borrow().get(unit).cloned().unwrap_or_default(),
+            job_id: self.pending.borrow().get(unit).map_or(0, |(id, _)| *id),
             ..Default::default()
         })
     }

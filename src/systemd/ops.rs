@@ -94,6 +94,7 @@ impl Ops for Systemd {
                 active_state: ActiveState::from(u.active_state),
                 sub_state: u.sub_state,
                 path: u.path.as_str().to_string(),
+                job: (u.job_id != 0).then(|| (u.job_id, JobType::from(u.job_type))),
                 name: u.name,
             })
             .collect())

@@ -171,6 +171,8 @@ pub struct UnitStatus {
     /// The unit's object path, as systemd named it: what its
     /// PropertiesChanged signals carry.
     pub path: String,
+    /// Its pending job, if any: id and type.
+    pub job: Option<(u32, JobType)>,
 }
 
 impl UnitStatus {

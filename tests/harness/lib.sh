@@ -214,6 +214,8 @@ build_podman_base() {
         chmod 755 "$r/usr/sbin/policy-rc.d"
         chroot "$r" apt-get update -qq
         DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+        echo "$3 UTF-8" >>"$r/etc/locale.gen"
+        chroot "$r" locale-gen
         chroot "$r" apt-get clean
         rm "$r/usr/sbin/policy-rc.d"
         cp "$r/bin/busybox" "$r/var/tmp/image/bin/busybox"
@@ -240,9 +242,12 @@ harness_podman_root() {
 # busybox initramfs (tests/harness/guests), with an empty ext4 disk. Built
 # once per recipe, like the bases. The guests' domains are defined in the
 # root (/etc/libvirt/qemu) from tests/harness/guests/domain.xml, their
-# files under /vm (a directory the scenario binds there).
-VIRT_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container"
-VIRT_BASE=$(cache_dir "base-$SUITE-libvirt" "$BASE_STAMP + $VIRT_PACKAGES; guest $(cat "$REPO/tests/harness/guests/init" "$REPO/tests/harness/guests/power-button" | cksum | cut -d' ' -f1) v1")
+# files under /vm (a directory the scenario binds there). libvirt's
+# translations and a German locale too: berth must read virsh the same
+# in any language.
+VIRT_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container libvirt-l10n locales"
+VIRT_LOCALE=de_DE.UTF-8
+VIRT_BASE=$(cache_dir "base-$SUITE-libvirt" "$BASE_STAMP + $VIRT_PACKAGES + $VIRT_LOCALE; guest $(cat "$REPO/tests/harness/guests/init" "$REPO/tests/harness/guests/power-button" | cksum | cut -d' ' -f1) v1")
 VIRT_ROOTFS=$HARNESS_DIR/root-libvirt
 # The guest's kernel, initramfs and disk: built with the root, kept with it.
 GUEST_DIR=$VIRT_BASE-guest
@@ -263,13 +268,15 @@ build_libvirt_base() {
         chmod 755 "$r/usr/sbin/policy-rc.d"
         chroot "$r" apt-get update -qq
         DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
+        echo "$3 UTF-8" >>"$r/etc/locale.gen"
+        chroot "$r" locale-gen
         # The guest: downloaded, not installed.
         kernel=$(chroot "$r" apt-cache depends linux-image-cloud-amd64 | awk "/Depends: linux-image-/ { print \$2; exit }")
         mkdir -p "$r/var/tmp/debs"
         chroot "$r" sh -c "cd /var/tmp/debs && apt-get download -q $kernel busybox-static"
         chroot "$r" apt-get clean
         rm "$r/usr/sbin/policy-rc.d"
-    ' sh "$r" "$packages" >"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
+    ' sh "$r" "$packages" "$VIRT_LOCALE" >"$HARNESS_DIR/libvirt-$SUITE.log" 2>&1 \
         || die "installing libvirt failed; see $HARNESS_DIR/libvirt-$SUITE.log"
     cat "$g/qemu.conf" >>"$r/etc/libvirt/qemu.conf"
     # No default network: it would make a bridge in the host's namespace.

@@ -44,5 +44,28 @@ check "the ghost's record is swept (gc_interval_s = 2)" wait_for 8 test ! -e "$C
 check "the configured ones stay" test -e "$CT_DIR/state/records/b.json"
 check_contains "the sweep is logged" "swept the record of ghost" "$(ct journalctl -b -u berth-daemon.service --no-pager)"
 
+# Issue 31, items 1 and 2: [daemon] socket names what is not berth's.
+# A regular file there: no API, and the file survives the daemon's stops.
+ct sh -c 'printf notes >/run/notes.txt'
+printf '[daemon]\ngc_interval_s = 2\nsocket = "/run/notes.txt"\n' >"$CT_DIR/etc-berth/berth.toml"
+ct systemctl daemon-reload
+ct systemctl restart berth-daemon.service
+check_contains "a file at the socket path: the daemon runs without the API" "no API: cannot serve on /run/notes.txt" \
+    "$(ct journalctl -b -u berth-daemon.service --no-pager | tail -n 20)"
+ct systemctl restart berth-daemon.service
+ct systemctl stop berth-daemon.service
+check_eq "... and its stops leave the file alone" "notes" "$(ct cat /run/notes.txt)"
+# Another program's live socket there: left to it, named in the journal.
+ct systemd-run --quiet --unit=theirs --socket-property=ListenStream=/run/theirs.sock /bin/true
+printf '[daemon]\ngc_interval_s = 2\nsocket = "/run/theirs.sock"\n' >"$CT_DIR/etc-berth/berth.toml"
+ct systemctl daemon-reload
+ct systemctl start berth-daemon.service
+check_contains "a live socket of another program at the path is not taken over" \
+    "no API: cannot serve on /run/theirs.sock: a live socket of another program answers there" \
+    "$(ct journalctl -b -u berth-daemon.service --no-pager | tail -n 20)"
+ct systemctl stop berth-daemon.service
+check_eq "... and stays theirs" "active" "$(ct systemctl is-active theirs.socket)"
+check "... its socket still there" test -S "/proc/$CT_PID/root/run/theirs.sock"
+
 ct_poweroff 120
 check "power-off completed" test -z "$CT_PID"

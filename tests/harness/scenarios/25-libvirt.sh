@@ -12,6 +12,8 @@
 # autostart = "last-state" starts again the guests that ran at the last
 # shutdown (a ForcedOff one too) and leaves off the one the admin stopped;
 # check --live warns about libvirt settings and states that fight berth.
+# The guests' units run under a German locale (an admin drop-in gives them
+# LANG), in which libvirt translates every state virsh prints.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 25-libvirt
 
@@ -20,6 +22,8 @@ harness_define_guest berth-vm1
 harness_define_guest berth-vm2 ignore_acpi=1
 harness_define_guest berth-vm3
 ROOTFS=$VIRT_ROOTFS
+mkdir -p "$ROOTFS/etc/systemd/system/berth@.service.d"
+printf '[Service]\nEnvironment=LANG=%s\n' "$VIRT_LOCALE" >"$ROOTFS/etc/systemd/system/berth@.service.d/50-locale.conf"
 # The guests' files, bound as /vm: kernel, initramfs, a disk and a console
 # log each (outside CT_DIR, which ct_boot empties).
 VM=$HARNESS_DIR/run/libvirt-vm
@@ -36,6 +40,8 @@ run() { out=$(ct "$@" 2>&1) && rc=0 || rc=$?; }
 ct_boot libvirt "$REPO/tests/harness/config/libvirt"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
 
+check_eq "the guests' units run under $VIRT_LOCALE" "LANG=$VIRT_LOCALE" "$(ct_prop berth@vm.service Environment)"
+check_eq "... in which virsh speaks German" "laufend" "$(ct env LANG=$VIRT_LOCALE virsh -q domstate berth-vm1 | head -n1)"
 for w in vm stubborn saved app; do
     check_eq "berth@$w started by the autostart" active "$(ct_prop "berth@$w.service" ActiveState)"
 done
@@ -118,6 +124,11 @@ check_eq "last-state: the one forced off is started" active "$(ct_prop berth@stu
 check_contains "the autostart says why vm stays off" \
     'not starting berth@vm.service: autostart = "last-state" and it was stopped when the last shutdown drain began' \
     "$(ct journalctl -b -u berth-autostart.service -o cat --no-pager)"
+
+# A guest that goes off by itself ends its unit, whatever the language.
+ct virsh -q destroy berth-vm2 >/dev/null
+stubborn_down() { [ "$(ct_prop berth@stubborn.service ActiveState)" != active ]; }
+check "a guest destroyed behind berth's back ends its unit" wait_for 20 stubborn_down
 
 # check --live names what fights berth over its guests.
 ct virsh -q start berth-vm1 >/dev/null
