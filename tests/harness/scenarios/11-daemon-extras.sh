@@ -56,7 +56,8 @@ ct systemctl restart berth-daemon.service
 ct systemctl stop berth-daemon.service
 check_eq "... and its stops leave the file alone" "notes" "$(ct cat /run/notes.txt)"
 # Another program's live socket there: left to it, named in the journal.
-ct systemd-run --quiet --unit=theirs --socket-property=ListenStream=/run/theirs.sock /bin/true
+# (The service it activates holds the socket without ever accepting.)
+ct systemd-run --quiet --unit=theirs --socket-property=ListenStream=/run/theirs.sock /bin/sleep infinity
 printf '[daemon]\ngc_interval_s = 2\nsocket = "/run/theirs.sock"\n' >"$CT_DIR/etc-berth/berth.toml"
 ct systemctl daemon-reload
 ct systemctl start berth-daemon.service

@@ -122,7 +122,7 @@ check_eq "... and runs" "active" "$(uprop berth@u3.service ActiveState)"
 run berth --user add u4 --now -- /opt/berth-test/workload u4
 check_eq "per-user berth --user add --now: exit 0" "0" "$rc"
 check_eq "... whose unit runs the workload" "active" "$(uprop berth@u4.service ActiveState)"
-check_contains "... from its drop-in" "/opt/berth-test/workload u4" "$(asu systemctl --user cat berth@u4.service)"
+check_contains "... from its drop-in" 'ExecStart="/opt/berth-test/workload" "u4"' "$(asu systemctl --user cat berth@u4.service)"
 run berth --user remove u4 --stop
 check_eq "per-user berth --user remove --stop: exit 0" "0" "$rc"
 check "... removes its drop-in" test ! -e "$R/home/u/.config/systemd/user/berth@u4.service.d/10-berth.conf"
