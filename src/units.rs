@@ -32,6 +32,20 @@ pub fn base_targets(manager: Manager) -> &'static str {
     }
 }
 
+/// The sandboxing of berth's own services (berth.units(7)): the end of
+/// their [Service] section. A user manager without user namespaces
+/// cannot set up mount namespaces or drop capabilities it does not
+/// have: its units get what works there, the same for all three.
+fn sandbox(manager: Manager, unit: &str) -> &'static str {
+    match (manager, unit) {
+        (Manager::System, DAEMON) => include_str!("../units/sandbox/daemon.system"),
+        (Manager::System, DRAIN) => include_str!("../units/sandbox/drain.system"),
+        (Manager::System, AUTOSTART) => include_str!("../units/sandbox/autostart.system"),
+        (Manager::User, DAEMON | DRAIN | AUTOSTART) => include_str!("../units/sandbox/user"),
+        _ => "",
+    }
+}
+
 /// The unit texts for `manager`, with the `berth` binary in `bindir`.
 pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
     let program = bindir.join("berth").to_string_lossy().into_owned();
@@ -63,6 +77,7 @@ pub fn render(manager: Manager, bindir: &Path) -> Vec<(&'static str, String)> {
         .iter()
         .map(|(name, template)| {
             let text = template
+                .replace("@SANDBOX@", sandbox(manager, name))
                 .replace("@BERTH@", &berth)
                 .replace("@STATE_DIR@", state_dir)
                 .replace("@BASE_TARGETS@", base_targets)

@@ -638,6 +638,23 @@ check_lacks() {
     esac
 }
 
+# check_exposure UNIT BELOW [MANAGER_FLAG]: systemd-analyze security's
+# overall exposure of UNIT, as the booted container's systemd rates it, is
+# below BELOW (a figure like 3.05 for "at most 3.0": it prints one decimal).
+# The figure goes into the check's description (the job's log).
+check_exposure() {
+    local unit=$1 below=$2 out level
+    out=$(ct systemd-analyze security ${3:-} --no-pager "$unit" 2>&1 | tail -n 1)
+    level=$(printf '%s
+' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
+    if [ -z "$level" ]; then
+        not_ok "systemd-analyze security rates $unit" "no figure in: $out"
+        return
+    fi
+    check "$unit: exposure $level, below $below (systemd $(ct systemctl --version | awk 'NR == 1 { print $2 }'))" \
+        awk -v l="$level" -v b="$below" 'BEGIN { exit !(l < b) }'
+}
+
 # Scenario entry point: prepares the root when run on its own, and reports
 # its counts (to $HARNESS_RESULTS when run by tests/harness/run).
 scenario_begin() {

@@ -23,6 +23,11 @@ for f in berth-drain.service.d/10-berth.conf berth-daemon.service.d/10-berth.con
     check "generator wrote $f at boot" ct test -f "$gen/$f"
 done
 check "generator linked the daemon into berth.target" ct test -L "$gen/berth.target.wants/berth-daemon.service"
+# Issue 31: berth's own services are sandboxed, as this systemd rates them
+# (the daemon at most 3.0, printed with one decimal).
+check_exposure berth-daemon.service 3.05
+check_exposure berth-drain.service 5
+check_exposure berth-autostart.service 5
 for w in $WORKLOADS; do
     check "generator wrote the drop-in of berth@$w" ct test -f "$gen/berth@$w.service.d/10-berth.conf"
 done

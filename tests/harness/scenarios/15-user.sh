@@ -55,6 +55,12 @@ out=$(asu systemd-analyze --user verify --man=no /usr/lib/systemd/user/berth.tar
     /usr/lib/systemd/user/berth-autostart.service /usr/lib/systemd/user/berth-daemon.service /usr/lib/systemd/user/berth.slice 2>&1) && rc=0 || rc=$?
 check_eq "systemd-analyze --user verify of the user units is clean" "0:" "$rc:$out"
 
+# The user units' ratings, for the record (no target: a user manager
+# without user namespaces cannot set up most of the sandbox).
+for u in berth-daemon.service berth-drain.service berth-autostart.service; do
+    log "exposure (user manager): $(asu systemd-analyze --user security --no-pager "$u" 2>&1 | tail -n 1)"
+done
+
 js() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1], {}, {'v': v}))" "$1"; }
 healthy() { [ "$(asu berth --user status --json | js "v.get('daemon', {}).get('health')")" = healthy ]; }
 check "the user daemon reports healthy after its first pass" wait_for 20 healthy

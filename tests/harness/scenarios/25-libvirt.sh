@@ -55,6 +55,7 @@ check_contains "QEMU ($qemu) runs in a machine scope, not in the unit" 'machine.
 check "the guest booted and mounted its disk" wait_for 60 grep -q "guest: disk mounted rw" "$VM/berth-vm1.serial"
 check_contains "the drain wants virt-guest-shutdown.target" virt-guest-shutdown.target "$(ct_prop berth-drain.service Wants)"
 check_contains "... is ordered after it and libvirt-guests.service" libvirt-guests.service "$(ct_prop berth-drain.service After)"
+check_exposure berth@vm.service 5
 run berth check --live
 check_eq "check --live: exit 0" 0 "$rc"
 check_lacks "... and no warning with Debian's libvirt settings" "live: warning:" "$out"

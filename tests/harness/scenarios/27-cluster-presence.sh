@@ -37,6 +37,9 @@ ct_boot cluster "$config"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
 check_eq "the daemon's watchdog is below the TTL (5 s) minus the margin (2 s)" 2s "$(ct_prop berth-daemon.service WatchdogUSec)"
 check_contains "the daemon is ordered after network-online.target" network-online.target "$(ct_prop berth-daemon.service After)"
+# Cluster mode's drop-ins open the network again: rated too.
+check_exposure berth-daemon.service 5
+check_exposure berth-drain.service 5
 check "the daemon joins as n1" wait_for 20 sh -c "nsenter -t $CT_PID -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'cluster: joined as n1'"
 lease1=$(lease_of /berth/nodes/n1)
 check "nodes/n1 is bound to a lease ($lease1)" test -n "$lease1" -a "$lease1" != 0
