@@ -190,16 +190,7 @@ fn product_path(root: &Root, path: &Path) -> String {
     let mut out = String::new();
     for chunk in rel.as_os_str().as_bytes().utf8_chunks() {
         for c in chunk.valid().chars() {
-            match c {
-                '%' => out.push_str("%%"),
-                c if c.is_control() => {
-                    let mut buf = [0u8; 4];
-                    for b in c.encode_utf8(&mut buf).bytes() {
-                        let _ = write!(out, "\\x{b:02x}");
-                    }
-                }
-                c => out.push(c),
-            }
+            push_specifier_safe(&mut out, c);
         }
         for b in chunk.invalid() {
             let _ = write!(out, "\\x{b:02x}");
@@ -482,6 +473,21 @@ fn daemon_socket_lines(root: &Root, loaded: &Loaded) -> String {
     }
 }
 
+/// `c` as unit text: `%` doubled (specifiers), a control character as
+/// `\\xNN` bytes.
+fn push_specifier_safe(out: &mut String, c: char) {
+    match c {
+        '%' => out.push_str("%%"),
+        c if c.is_control() => {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+        c => out.push(c),
+    }
+}
+
 /// One word of a setting that takes a list of paths (ReadWritePaths=):
 /// `prefix` and the path in double quotes, `"` and `\\` escaped, control
 /// characters as \\xNN, `%` doubled (specifiers are expanded after the
@@ -493,14 +499,7 @@ fn path_word(prefix: &str, path: &Path) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            '%' => out.push_str("%%"),
-            c if c.is_control() => {
-                let mut buf = [0u8; 4];
-                for b in c.encode_utf8(&mut buf).bytes() {
-                    let _ = write!(out, "\\x{b:02x}");
-                }
-            }
-            c => out.push(c),
+            c => push_specifier_safe(&mut out, c),
         }
     }
     out.push('"');

@@ -232,14 +232,8 @@ async fn stop_overridden_workload<O: Ops>(
     else {
         return Ok(None);
     };
-    let existing = config::load_workload(root, name).and_then(|w| w.existing_unit().map(str::to_string));
-    let unit = existing.clone().unwrap_or_else(|| unit_name(name));
-    let running = !ops
-        .active_state(&unit)
-        .await
-        .map_err(|e| ChangeError::Systemd(e.to_string()))?
-        .is_down();
-    if !running || (existing.is_some() && !stop) {
+    let (unit, existing, running) = unit_and_state(ops, root, name).await?;
+    if !running || (existing && !stop) {
         return Ok(None);
     }
     if !stop {
@@ -247,6 +241,26 @@ async fn stop_overridden_workload<O: Ops>(
     }
     let result = stop_and_wait(ops, &unit).await?;
     Ok(Some((unit, result)))
+}
+
+/// Workload `name`'s unit as its file now defines it, whether that is an
+/// existing unit (`unit =`), and whether it runs. A file that no longer
+/// parses is taken for a `berth@` unit's: that is the unit whose drop-in
+/// would be lost. Starting (a readiness wait can last its whole start
+/// timeout) and stopping count as running.
+async fn unit_and_state<O: Ops>(
+    ops: &O,
+    root: &Root,
+    name: &str,
+) -> Result<(String, bool, bool), ChangeError> {
+    let existing = config::load_workload(root, name).and_then(|w| w.existing_unit().map(str::to_string));
+    let unit = existing.clone().unwrap_or_else(|| unit_name(name));
+    let running = !ops
+        .active_state(&unit)
+        .await
+        .map_err(|e| ChangeError::Systemd(e.to_string()))?
+        .is_down();
+    Ok((unit, existing.is_some(), running))
 }
 
 /// Stops `unit` and waits for its job: anything but done is an error,
@@ -280,20 +294,11 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     }
     let identity = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
     refuse_if_stopping(ops).await?;
-    // A file that no longer parses is taken for a `berth@` unit's: that
-    // is the unit whose drop-in would be lost.
-    let existing = config::load_workload(root, name).and_then(|w| w.existing_unit().map(str::to_string));
-    let unit = existing.clone().unwrap_or_else(|| unit_name(name));
-    // Starting (a readiness wait can last its whole start timeout) or
-    // stopping counts as running: only a unit that is down may lose its
-    // drop-in. An existing unit (`unit =`) keeps running under its own
-    // rules without it, the shutdown transaction stopping it again.
-    let running = !ops
-        .active_state(&unit)
-        .await
-        .map_err(|e| ChangeError::Systemd(e.to_string()))?
-        .is_down();
-    let job = if running && (stop || existing.is_none()) {
+    // Only a unit that is down may lose its drop-in. An existing unit
+    // (`unit =`) keeps running under its own rules without it, the
+    // shutdown transaction stopping it again.
+    let (unit, existing, running) = unit_and_state(ops, root, name).await?;
+    let job = if running && (stop || !existing) {
         if !stop {
             return Err(ChangeError::Running(unit));
         }
