@@ -397,10 +397,10 @@ pub fn drain_drop_in(root: &Root, loaded: &Loaded) -> String {
             ),
             (
                 "cluster_lines",
-                if loaded.host.cluster.is_some() {
-                    DRAIN_CLUSTER_SANDBOX
+                &if loaded.host.cluster.is_some() {
+                    format!("{DRAIN_CLUSTER_SANDBOX}{}", cluster_tls_lines(loaded, false))
                 } else {
-                    ""
+                    String::new()
                 },
             ),
         ],
@@ -443,9 +443,29 @@ fn daemon_cluster_service_lines(loaded: &Loaded) -> String {
         return String::new();
     }
     format!(
-        "ExecStopPost={}\n{DAEMON_CLUSTER_SANDBOX}",
-        exec_line(&["berth".to_string(), "fence-arm".into()])
+        "ExecStopPost={}\n{DAEMON_CLUSTER_SANDBOX}{}",
+        exec_line(&["berth".to_string(), "fence-arm".into()]),
+        cluster_tls_lines(loaded, true)
     )
+}
+
+/// With TLS, the key may be one root reads only through
+/// CAP_DAC_READ_SEARCH (mode 0600, owned by etcd), which the sandboxes
+/// drop; and the daemon, whose home directories are hidden, sees them
+/// read-only when a file lies there.
+fn cluster_tls_lines(loaded: &Loaded, daemon: bool) -> String {
+    let Some(tls) = loaded.host.cluster.as_ref().and_then(|c| c.tls.as_ref()) else {
+        return String::new();
+    };
+    let mut lines = String::from("CapabilityBoundingSet=CAP_DAC_READ_SEARCH\n");
+    let in_home = [Some(&tls.ca), tls.cert.as_ref(), tls.key.as_ref()]
+        .into_iter()
+        .flatten()
+        .any(|p| ["/home", "/root", "/run/user"].iter().any(|h| p.starts_with(h)));
+    if daemon && in_home {
+        lines.push_str("ProtectHome=read-only\n");
+    }
+    lines
 }
 
 /// What cluster mode takes back from the packaged sandboxes.
@@ -593,6 +613,54 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success(), "a probe that succeeds ends the loop");
+    }
+
+    /// Issue 31: the sandboxes' openings follow the config: a socket
+    /// elsewhere gets its directory writable, cluster TLS the capability
+    /// to read a key root may read only through it.
+    #[test]
+    fn daemon_and_drain_drop_ins_open_what_the_config_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let etc = dir.path().join("etc/berth");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            etc.join("berth.toml"),
+            "[daemon]\nsocket = \"/srv/my api/api.sock\"\n",
+        )
+        .unwrap();
+        let loaded = crate::config::load(&root);
+        assert!(loaded.is_clean(), "{:?}", loaded.errors);
+        let daemon = daemon_drop_in(&root, &loaded);
+        assert!(daemon.contains("ReadWritePaths=\"-/srv/my api\"\n"), "{daemon}");
+        assert!(!daemon.contains("CAP_DAC_READ_SEARCH"), "{daemon}");
+        std::fs::write(
+            etc.join("berth.toml"),
+            "[cluster]\nnode = \"n1\"\nendpoints = [\"https://10.0.0.1:2379\"]\ntls_ca = \"/root/etcd/ca.pem\"\n",
+        )
+        .unwrap();
+        let loaded = crate::config::load(&root);
+        assert!(loaded.is_clean(), "{:?}", loaded.errors);
+        let daemon = daemon_drop_in(&root, &loaded);
+        assert!(!daemon.contains("ReadWritePaths"), "the default socket: {daemon}");
+        assert!(
+            daemon.contains("CapabilityBoundingSet=CAP_DAC_READ_SEARCH\n"),
+            "{daemon}"
+        );
+        assert!(daemon.contains("ProtectHome=read-only\n"), "{daemon}");
+        assert!(
+            daemon.contains("RestrictAddressFamilies=AF_INET AF_INET6\n"),
+            "{daemon}"
+        );
+        let drain = drain_drop_in(&root, &loaded);
+        assert!(
+            drain.contains("CapabilityBoundingSet=CAP_DAC_READ_SEARCH\n"),
+            "{drain}"
+        );
+        assert!(
+            drain.contains("RestrictAddressFamilies=AF_INET AF_INET6\n"),
+            "{drain}"
+        );
     }
 
     #[test]

@@ -41,7 +41,8 @@ fn sandbox(manager: Manager, unit: &str) -> &'static str {
         (Manager::System, DAEMON) => include_str!("../units/sandbox/daemon.system"),
         (Manager::System, DRAIN) => include_str!("../units/sandbox/drain.system"),
         (Manager::System, AUTOSTART) => include_str!("../units/sandbox/autostart.system"),
-        (Manager::User, DAEMON | DRAIN | AUTOSTART) => include_str!("../units/sandbox/user"),
+        (Manager::User, DAEMON) => include_str!("../units/sandbox/daemon.user"),
+        (Manager::User, DRAIN | AUTOSTART) => include_str!("../units/sandbox/user"),
         _ => "",
     }
 }

@@ -64,8 +64,20 @@ fn verify_tree(generated: &Path, units: &Path) -> Result<(), String> {
     let run_dir = root.join("run/systemd/system");
     copy_dir(generated, &run_dir);
 
-    stub(root, "/usr/bin/berth");
-    stub(root, "/bin/true");
+    // Every program the packaged units run (berth, /bin/true, the
+    // daemon's mkdir), as their unquoted Exec lines name it.
+    for entry in fs::read_dir(units).unwrap().flatten() {
+        let text = fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines().filter(|l| l.starts_with("Exec")) {
+            let Some((_, value)) = line.split_once('=') else {
+                continue;
+            };
+            let program = value.trim_start_matches(['+', '-', '@', '!', ':']);
+            if let Some(word) = program.split_whitespace().next().filter(|w| w.starts_with('/')) {
+                stub(root, word);
+            }
+        }
+    }
     let mut names = vec![
         "berth.target".to_string(),
         "berth.slice".into(),
