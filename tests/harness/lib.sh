@@ -214,8 +214,6 @@ build_podman_base() {
         chmod 755 "$r/usr/sbin/policy-rc.d"
         chroot "$r" apt-get update -qq
         DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends $packages
-        echo "$3 UTF-8" >>"$r/etc/locale.gen"
-        chroot "$r" locale-gen
         chroot "$r" apt-get clean
         rm "$r/usr/sbin/policy-rc.d"
         cp "$r/bin/busybox" "$r/var/tmp/image/bin/busybox"
