@@ -30,8 +30,8 @@ use crate::autostart::MESSAGE_ID as ADOPTED_MESSAGE_ID;
 use crate::config;
 use crate::events::Events;
 use crate::paths::Root;
+use crate::state::atomic;
 use crate::state::lock::{self, InstanceError};
-use crate::state::{atomic, records};
 use crate::systemd::{Change, Ops, Systemd, SystemdError};
 use crate::time::rfc3339;
 use supervisor::Supervisor;
@@ -203,8 +203,9 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     sup.share_watched(watched);
     sup.cluster = cluster;
 
-    // One sync for every record the first pass writes, before READY.
-    let batch = atomic::Batch::begin(&records::records_dir(&sup.root));
+    // The records the first pass writes (few: it leaves the reads and
+    // their records for after READY) synced together, before READY.
+    let batch = atomic::Batch::begin();
     let pass_began = std::time::Instant::now();
     let running = sup.pass(true).await;
     let pass_us = pass_began.elapsed().as_micros();

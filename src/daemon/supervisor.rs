@@ -498,7 +498,7 @@ impl<O: Ops> Supervisor<O> {
         let events = &self.events;
         let mut ended_here = None;
         // Written in place without waiting for the disk: see `unsynced`.
-        let unsynced = crate::state::atomic::Batch::begin(&records::records_dir(&self.root));
+        let unsynced = crate::state::atomic::Batch::begin();
         let outcome = records::try_update(&self.root, name, |r| {
             match classify::classify(r, now, current.as_deref(), job.as_ref(), seen_by) {
                 Decision::Nothing => false,

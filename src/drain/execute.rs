@@ -340,18 +340,26 @@ async fn stop_groups<O: Ops, W: Write>(
             }
         }
     }
-    // Every record written, and synced, before the report is.
+    // Every record written, and synced, before the report is: each
+    // file as it was written, their directory once now.
+    let mut synced = Vec::new();
     for (name, written) in records {
-        let recorded = written
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(format!("the record writer failed: {e}"))));
+        let (recorded, files) = written.await.unwrap_or_else(|e| {
+            (
+                Err(std::io::Error::other(format!("the record writer failed: {e}"))),
+                Ok(Vec::new()),
+            )
+        });
         events.recorded(&name, recorded);
+        match files {
+            Ok(files) => synced.extend(files),
+            Err(e) => events.warn(&format!("cannot sync the record of {name}: {e}")),
+        }
     }
-    let dir = records::records_dir(root);
-    let synced = tokio::task::spawn_blocking(move || atomic::sync_file_system(&dir))
+    let dirs = tokio::task::spawn_blocking(move || atomic::sync_dirs(&synced))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(format!("the record sync failed: {e}"))));
-    if let Err(e) = synced {
+    if let Err(e) = dirs {
         events.warn(&format!(
             "cannot sync the records in {}: {e}",
             records::records_dir(root).display()
@@ -359,22 +367,30 @@ async fn stop_groups<O: Ops, W: Write>(
     }
 }
 
-/// Logs a workload's outcome now and writes its record on the blocking
-/// pool; the handle says how the write went.
+/// A record's write, and the files it synced (or why not).
+type RecordWrite = (std::io::Result<Updated>, std::io::Result<Vec<std::path::PathBuf>>);
+
+/// Logs a workload's outcome now and writes and syncs its record on the
+/// blocking pool, while the next stops go on; the handle says how the
+/// write went. The lock is held until the record is written, not synced.
 fn record_aside(
     root: &Root,
     r: &StopResult,
     lock: Option<std::fs::File>,
     events: &Events,
-) -> (String, tokio::task::JoinHandle<std::io::Result<Updated>>) {
+) -> (String, tokio::task::JoinHandle<RecordWrite>) {
     log_outcome(r, events);
     let (root, result) = (root.clone(), r.clone());
     let written = tokio::task::spawn_blocking(move || {
-        // Unsynced: one sync of them all follows the last stop (two
-        // fsyncs each cost 5 s at 2000 workloads). The journal has the
-        // outcome already.
-        let _unsynced = atomic::Batch::begin(&records::records_dir(&root));
-        write_record(&root, &result, lock.as_ref())
+        // The file's fsync here, alongside the other records' (the
+        // journal has the outcome already); their directory's once,
+        // after the last stop: two fsyncs each in turn cost 5 s at 2000
+        // workloads, and a sync of the whole file system paid for every
+        // other writer's pages too.
+        let batch = atomic::Batch::begin();
+        let written = write_record(&root, &result, lock.as_ref());
+        drop(lock);
+        (written, batch.commit_files())
     });
     (r.workload.clone(), written)
 }
