@@ -404,10 +404,13 @@ impl<O: Ops> Supervisor<O> {
         // what that read recorded (an instance ended twice, or started
         // again after its end).
         if seen_by == SeenBy::Signal && !details.invocation_id.is_empty() {
-            // Down with a job still pending (a stop's first "inactive", or
-            // a start about to run under a new InvocationID) is not
-            // settled: the signal without the job follows.
-            if now != Settled::Running && details.job_id != 0 {
+            // A job still pending is not settled, whatever the state
+            // shows: a stop's first signal still shows the unit active, a
+            // start's first one down under a new InvocationID. The signal
+            // without the job follows. Taken as settled, a drain's stop
+            // read late (after the drain recorded it and let go of the
+            // lock) became a start nobody made, then a user's stop.
+            if details.job_id != 0 {
                 return;
             }
             let shown = details.invocation_id.as_str();
@@ -1021,6 +1024,46 @@ mod tests {
             (web.state, web.transition_generation),
             (RecordState::Stopped, 2),
             "aaaa neither started again nor ended twice"
+        );
+    }
+
+    /// A drain's stop seen late: its first signal (the unit still active,
+    /// the stop job pending) read after the drain recorded the stop. The
+    /// record made by the drain stands; it was overwritten with a start
+    /// nobody made and a user's stop.
+    #[tokio::test]
+    async fn a_stop_signal_read_after_the_drain_recorded_it_changes_nothing() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Stopped;
+            r.last_transition_reason = crate::state::records::TransitionReason::Drain;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        let shown = |active_state, job_id| UnitDetails {
+            active_state,
+            invocation_id: "aaaa".into(),
+            job_id,
+            ..Default::default()
+        };
+        for (state, job) in [
+            (ActiveState::Active, 7),
+            (ActiveState::Deactivating, 7),
+            (ActiveState::Inactive, 0),
+        ] {
+            sup.reconcile("web", SeenBy::Signal, Some(shown(state, job)))
+                .await;
+        }
+        let web = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (web.state, web.last_transition_reason, web.transition_generation),
+            (
+                RecordState::Stopped,
+                crate::state::records::TransitionReason::Drain,
+                1
+            )
         );
     }
 }
