@@ -85,6 +85,11 @@ fn may_stop(job: &JobType) -> bool {
 /// could be read.
 pub const JOB_GONE: &str = "gone";
 
+/// What the supervisor notes for a job queued while a helper held the
+/// workload's lock: the helper records what its job did, and the type
+/// was not asked for.
+pub const JOB_OF_HELPER: &str = "helper";
+
 /// The rule: `record` as the supervisor last wrote it (or a fresh one),
 /// `now` the settled state seen with its InvocationID (`None` when not
 /// known), `job` a start or stop job seen for the unit recently.

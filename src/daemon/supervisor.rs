@@ -241,16 +241,26 @@ impl<O: Ops> Supervisor<O> {
     pub(super) async fn on_change(&mut self, change: Change) {
         match change {
             Change::JobNew { job, unit } => {
-                if self.units.workload_of(&unit).is_some() {
+                let Some(name) = self.units.workload_of(&unit) else {
+                    return;
+                };
+                // A helper holds the workload's lock across its job and
+                // records what the job did: its type is not worth a call
+                // into systemd, which a drain of 200 made 200 times while
+                // systemd was busiest.
+                let kind = if lock::try_workload(&self.root, name)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                {
+                    JobType::Other(classify::JOB_OF_HELPER.into())
+                } else {
                     // A job that is gone by the time it is asked about ran
                     // and ended at once: noted as such (a quick stop).
-                    let kind = self
-                        .sd
+                    self.sd
                         .job_type(&job)
                         .await
-                        .unwrap_or_else(|| JobType::Other(classify::JOB_GONE.into()));
-                    self.jobs.insert(unit, (kind, Instant::now()));
-                }
+                        .unwrap_or_else(|| JobType::Other(classify::JOB_GONE.into()))
+                };
+                self.jobs.insert(unit, (kind, Instant::now()));
             }
             // Handled by the daemon's loop (it may relaunch).
             Change::Reloaded => {}
@@ -1024,6 +1034,31 @@ mod tests {
             (web.state, web.transition_generation),
             (RecordState::Stopped, 2),
             "aaaa neither started again nor ended twice"
+        );
+    }
+
+    /// A helper's job (the drain's stop, under the workload's lock) costs
+    /// the supervisor no call into systemd; anyone else's is asked about.
+    #[tokio::test]
+    async fn a_job_queued_under_a_helpers_lock_is_not_asked_about() {
+        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", ""), ("db", "")]);
+        let ops = FakeOps::default()
+            .unit("web", true, Behaviour::Takes(Duration::ZERO))
+            .unit("db", true, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        let held = lock::workload(&root, "web").unwrap();
+        for unit in ["berth@web.service", "berth@db.service"] {
+            sup.on_change(Change::JobNew {
+                job: "/job/9".into(),
+                unit: unit.into(),
+            })
+            .await;
+        }
+        drop(held);
+        assert_eq!(sup.sd.job_types_asked.get(), 1, "only db's job was asked about");
+        assert_eq!(
+            sup.jobs["berth@web.service"].0,
+            JobType::Other(classify::JOB_OF_HELPER.into())
         );
     }
 

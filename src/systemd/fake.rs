@@ -55,6 +55,8 @@ pub struct FakeOps {
     pub round_trip: std::cell::Cell<Duration>,
     /// How many times the units were listed.
     pub listings: std::cell::Cell<usize>,
+    /// How many times a job's type was asked for.
+    pub job_types_asked: std::cell::Cell<usize>,
     /// How many daemon-reloads were asked for.
     pub reloads: RefCell<u32>,
     /// The manager's SystemState; "running" unless a test says otherwise.
@@ -312,6 +314,7 @@ impl Ops for FakeOps {
     }
 
     async fn job_type(&self, job: &str) -> Option<JobType> {
+        self.job_types_asked.set(self.job_types_asked.get() + 1);
         let id: u32 = job.strip_prefix("/job/")?.parse().ok()?;
         self.verbs.borrow().get(&id).map(|v| JobType::from(*v))
     }
