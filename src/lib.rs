@@ -2,8 +2,8 @@
 //! shutdown, encoded in systemd unit topology.
 //!
 //! Data flows `config` (load, merge, validate) → `plan` (pure ordering and
-//! budgets) → `render` (unit text, the one escaper) → `generator` (writes
-//! it). The helpers (`autostart`, `drain`, `install`, `live`, `status`) and
+//! budgets) → `render` (the drop-ins' text) → `generator` (writes it);
+//! `unit_text`, the one escaper, lies below them all. The helpers (`autostart`, `drain`, `install`, `live`, `status`) and
 //! the supervisor (`daemon`, `api`) reach systemd only through
 //! `systemd::Ops` and keep their state through `state`. The `berth`
 //! binary's verbs live in `cli`, one file per verb family.
@@ -32,4 +32,5 @@ pub mod state;
 pub mod status;
 pub mod systemd;
 pub mod time;
+pub mod unit_text;
 pub mod units;

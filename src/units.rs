@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::names::{AUTOSTART, DAEMON, DRAIN, SLICE, TARGET, TEMPLATE};
 use crate::paths::{Manager, STATE_DIR};
-use crate::render::exec_line;
+use crate::unit_text::exec_line;
 
 /// (unit file name, template). berth.target first: it is what gets enabled.
 pub const TEMPLATES: [(&str, &str); 6] = [

@@ -1,7 +1,7 @@
 //! The escaper against a real systemd: for fixed hostile argvs and a few
 //! hundred random ones, the process systemd starts receives exactly the
-//! argv (and the environment value) that went into `render::exec_line` and
-//! `render::environment_assignment`.
+//! argv (and the environment value) that went into `unit_text::exec_line` and
+//! `unit_text::environment_assignment`.
 //!
 //! Runs a private systemd user manager (about 80 ms to start): a private
 //! mount namespace with a tmpfs on /run/systemd, its own XDG_RUNTIME_DIR and
@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use berth::render::{environment_assignment, exec_line};
+use berth::unit_text::{environment_assignment, exec_line};
 use common::{have, is_root, require};
 
 /// Deterministic xorshift, so a failure reproduces.

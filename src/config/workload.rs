@@ -81,7 +81,7 @@ impl HaPolicy {
     /// list. Not a secret, only a comparison.
     pub fn nodes_hash(&self) -> String {
         let joined: Vec<u8> = self.nodes.iter().flat_map(|n| n.bytes().chain([0])).collect();
-        format!("{:016x}", crate::render::fnv1a(&joined))
+        format!("{:016x}", crate::unit_text::fnv1a(&joined))
     }
 }
 
@@ -656,7 +656,7 @@ fn argv(r: &mut Reader, key: &str, value: &Value) -> Option<Vec<String>> {
     }
     // Quoting adds bytes the sum above does not count (an empty argument
     // takes three): bound the line systemd will read.
-    let line = crate::render::exec_line(&out).len();
+    let line = crate::unit_text::exec_line(&out).len();
     if line > MAX_EXEC_LINE {
         r.error(
             key,

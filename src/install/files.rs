@@ -7,7 +7,6 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::render;
 use crate::state::atomic::{self, Replacement};
 use crate::state::manifest::InstalledFile;
 
@@ -24,7 +23,7 @@ impl FileContent {
             FileContent::Bytes(b, mode) => (format!("file {mode:o}"), b.as_slice()),
             FileContent::Symlink(t) => ("symlink".to_string(), t.as_bytes()),
         };
-        format!("{kind} {:016x}", render::fnv1a(bytes))
+        format!("{kind} {:016x}", crate::unit_text::fnv1a(bytes))
     }
 
     /// Whether `path` already holds exactly this.
