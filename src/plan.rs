@@ -3,33 +3,13 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::{HostSettings, Manager, StopAction, Workload};
-
-/// systemd's `JobTimeoutSec=` on `poweroff.target` and `reboot.target`:
-/// the whole shutdown transaction must finish within it.
-pub const SYSTEM_SHUTDOWN_JOB_TIMEOUT_S: u64 = 30 * 60;
-
-/// `TimeoutStopSec=` of `user@.service`: a user manager (and the user
-/// drain inside it) must be done within it when the host shuts down.
-pub const USER_MANAGER_STOP_TIMEOUT_S: u64 = 120;
-
-/// Time a user manager needs after the drain to stop the rest of its units.
-pub const USER_SHUTDOWN_HEADROOM_S: u64 = 15;
-
-/// Time the drain keeps for itself after its deadline: forcing off what is
-/// left, cancelling abandoned stop jobs, writing the report. The drain
-/// unit's `TimeoutStopSec=` is the deadline plus this, so systemd never
-/// kills a drain that is still doing its last duties.
-pub const DRAIN_EXIT_MARGIN_S: u64 = 30;
+use crate::config::host::DRAIN_EXIT_MARGIN_S;
+use crate::config::{HostSettings, StopAction, Workload};
 
 /// How much longer a workload unit's own `TimeoutStopSec=` is than berth's
 /// stop budget for it: the drain, not the unit's timer, decides when to
 /// force, and a forced stop needs a moment to complete.
 pub const WORKLOAD_STOP_MARGIN_S: u64 = 30;
-
-/// Time the rest of the shutdown needs after the drain (units ordered after
-/// it, unmounting), kept free under the manager's shutdown limit.
-pub const SHUTDOWN_HEADROOM_S: u64 = 120;
 
 /// Units the drain is always ordered after: they stay up until it is done.
 pub const DRAIN_BASE_AFTER: &[&str] = &["network.target", "remote-fs.target", "local-fs.target"];
@@ -37,46 +17,6 @@ pub const DRAIN_BASE_AFTER: &[&str] = &["network.target", "remote-fs.target", "l
 /// `TimeoutStopSec=` of berth-drain.service for a deadline.
 pub fn drain_timeout_stop_s(deadline_s: u64) -> u64 {
     deadline_s + DRAIN_EXIT_MARGIN_S
-}
-
-/// A drain deadline that does not fit under the manager's shutdown limit;
-/// the message names every number involved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadlineTooLong(String);
-
-impl std::fmt::Display for DeadlineTooLong {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for DeadlineTooLong {}
-
-/// Whether a drain deadline fits under the manager's own shutdown limit.
-pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), DeadlineTooLong> {
-    let (limit, headroom, what) = match manager {
-        Manager::System => (
-            SYSTEM_SHUTDOWN_JOB_TIMEOUT_S,
-            SHUTDOWN_HEADROOM_S,
-            "the JobTimeoutSec of poweroff.target and reboot.target",
-        ),
-        Manager::User => (
-            USER_MANAGER_STOP_TIMEOUT_S,
-            USER_SHUTDOWN_HEADROOM_S,
-            "the TimeoutStopSec of user@.service, which bounds a user manager's shutdown",
-        ),
-    };
-    let unit_timeout = deadline_s.saturating_add(DRAIN_EXIT_MARGIN_S);
-    let needed = unit_timeout.saturating_add(headroom);
-    if needed > limit {
-        return Err(DeadlineTooLong(format!(
-            "{deadline_s} s does not fit: the drain unit's TimeoutStopSec would be {unit_timeout} s \
-             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {headroom} s for the rest \
-             of the shutdown that is {needed} s, over the {limit} s of {what}; use at most {} s",
-            limit - DRAIN_EXIT_MARGIN_S - headroom
-        )));
-    }
-    Ok(())
 }
 
 /// A workload unit's `TimeoutStopSec=`.
@@ -218,26 +158,6 @@ mod tests {
         let ws = vec![w("c", 10, 5), w("a", 0, 5), w("b", 10, 5), w("z", -5, 5)];
         assert_eq!(names(&start_groups(&ws)), [vec!["z"], vec!["a"], vec!["b", "c"]]);
         assert_eq!(names(&drain_groups(&ws)), [vec!["b", "c"], vec!["a"], vec!["z"]]);
-    }
-
-    #[test]
-    fn deadline_limit_names_the_numbers() {
-        assert!(check_drain_deadline(1650, Manager::System).is_ok());
-        let e = check_drain_deadline(1651, Manager::System)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("1681 s") && e.contains("1801 s") && e.contains("1800 s"),
-            "{e}"
-        );
-        assert!(e.contains("at most 1650 s"), "{e}");
-        assert!(check_drain_deadline(u64::MAX, Manager::System).is_err());
-        // A user manager's default deadline fits; 76 s does not.
-        let user_default = crate::config::host::USER_DEFAULT_DRAIN_DEADLINE_S;
-        assert!(check_drain_deadline(user_default, Manager::User).is_ok());
-        assert!(check_drain_deadline(75, Manager::User).is_ok());
-        let e = check_drain_deadline(76, Manager::User).unwrap_err().to_string();
-        assert!(e.contains("user@.service") && e.contains("at most 75 s"), "{e}");
     }
 
     #[test]

@@ -240,7 +240,7 @@ pub fn check_report(loaded: &Loaded) -> String {
         "berth-drain.service: TimeoutStopSec={}s (deadline {}s + {}s), {} at a time, after {}\n",
         plan::drain_timeout_stop_s(host.drain_deadline_s),
         host.drain_deadline_s,
-        plan::DRAIN_EXIT_MARGIN_S,
+        crate::config::host::DRAIN_EXIT_MARGIN_S,
         host.drain_parallelism,
         plan::drain_after(host, &loaded.workloads).join(" "),
     ));

@@ -9,7 +9,6 @@ use super::read::{Origin, Reader, merge, parse_file};
 use super::workload::{Autostart, check_unit_list};
 use super::{ConfigError, Manager};
 use crate::paths::Root;
-use crate::plan;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostSettings {
@@ -158,7 +157,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
     let default_autostart = r.autostart("default_autostart", d.default_autostart);
 
     let mut drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
-    if let Err(reason) = plan::check_drain_deadline(drain_deadline_s, manager) {
+    if let Err(reason) = check_drain_deadline(drain_deadline_s, manager) {
         r.error("drain_deadline_s", reason.to_string());
         drain_deadline_s = d.drain_deadline_s;
     }
@@ -248,6 +247,71 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         cluster,
         manager,
     }
+}
+
+// ---------------------------------------------------------------------------
+// The drain deadline's bound: what the manager's own shutdown limits leave.
+// ---------------------------------------------------------------------------
+
+/// systemd's `JobTimeoutSec=` on `poweroff.target` and `reboot.target`:
+/// the whole shutdown transaction must finish within it.
+pub const SYSTEM_SHUTDOWN_JOB_TIMEOUT_S: u64 = 30 * 60;
+
+/// `TimeoutStopSec=` of `user@.service`: a user manager (and the user
+/// drain inside it) must be done within it when the host shuts down.
+pub const USER_MANAGER_STOP_TIMEOUT_S: u64 = 120;
+
+/// Time a user manager needs after the drain to stop the rest of its units.
+pub const USER_SHUTDOWN_HEADROOM_S: u64 = 15;
+
+/// Time the drain keeps for itself after its deadline: forcing off what is
+/// left, cancelling abandoned stop jobs, writing the report. The drain
+/// unit's `TimeoutStopSec=` is the deadline plus this, so systemd never
+/// kills a drain that is still doing its last duties.
+pub const DRAIN_EXIT_MARGIN_S: u64 = 30;
+
+/// Time the rest of the shutdown needs after the drain (units ordered after
+/// it, unmounting), kept free under the manager's shutdown limit.
+pub const SHUTDOWN_HEADROOM_S: u64 = 120;
+
+/// A drain deadline that does not fit under the manager's shutdown limit;
+/// the message names every number involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadlineTooLong(String);
+
+impl std::fmt::Display for DeadlineTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeadlineTooLong {}
+
+/// Whether a drain deadline fits under the manager's own shutdown limit.
+pub fn check_drain_deadline(deadline_s: u64, manager: Manager) -> Result<(), DeadlineTooLong> {
+    let (limit, headroom, what) = match manager {
+        Manager::System => (
+            SYSTEM_SHUTDOWN_JOB_TIMEOUT_S,
+            SHUTDOWN_HEADROOM_S,
+            "the JobTimeoutSec of poweroff.target and reboot.target",
+        ),
+        Manager::User => (
+            USER_MANAGER_STOP_TIMEOUT_S,
+            USER_SHUTDOWN_HEADROOM_S,
+            "the TimeoutStopSec of user@.service, which bounds a user manager's shutdown",
+        ),
+    };
+    let unit_timeout = deadline_s.saturating_add(DRAIN_EXIT_MARGIN_S);
+    let needed = unit_timeout.saturating_add(headroom);
+    if needed > limit {
+        return Err(DeadlineTooLong(format!(
+            "{deadline_s} s does not fit: the drain unit's TimeoutStopSec would be {unit_timeout} s \
+             (deadline + {DRAIN_EXIT_MARGIN_S} s margin), and with {headroom} s for the rest \
+             of the shutdown that is {needed} s, over the {limit} s of {what}; use at most {} s",
+            limit - DRAIN_EXIT_MARGIN_S - headroom
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -519,5 +583,25 @@ mod tests {
         assert_eq!(s.daemon.watchdog_s, 10, "fragment merges key by key");
         assert!(!s.daemon.api);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn deadline_limit_names_the_numbers() {
+        assert!(check_drain_deadline(1650, Manager::System).is_ok());
+        let e = check_drain_deadline(1651, Manager::System)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("1681 s") && e.contains("1801 s") && e.contains("1800 s"),
+            "{e}"
+        );
+        assert!(e.contains("at most 1650 s"), "{e}");
+        assert!(check_drain_deadline(u64::MAX, Manager::System).is_err());
+        // A user manager's default deadline fits; 76 s does not.
+        let user_default = USER_DEFAULT_DRAIN_DEADLINE_S;
+        assert!(check_drain_deadline(user_default, Manager::User).is_ok());
+        assert!(check_drain_deadline(75, Manager::User).is_ok());
+        let e = check_drain_deadline(76, Manager::User).unwrap_err().to_string();
+        assert!(e.contains("user@.service") && e.contains("at most 75 s"), "{e}");
     }
 }

@@ -398,7 +398,7 @@ fn record_aside(
 /// After the deadline, what is left is forced off at once; if systemd has
 /// not answered by this much later, the drain gives up waiting and writes
 /// its report: the unit's TimeoutStopSec= is the deadline plus
-/// [`plan::DRAIN_EXIT_MARGIN_S`] (30 s), which leaves 10 s for the rest.
+/// [`crate::config::host::DRAIN_EXIT_MARGIN_S`] (30 s), which leaves 10 s for the rest.
 const BUDGET_AFTER_DEADLINE: Duration = Duration::from_secs(20);
 
 /// How long a stop waits for its workload's lock (held for a moment by

@@ -188,7 +188,7 @@ pub fn dry_run(loaded: &Loaded, live: Option<&[UnitStatus]>) -> DryRun {
             "the worst case ({worst_case_s} s) exceeds drain_deadline_s ({deadline_s} s): at the deadline the rest is forced off, or left to systemd's final kill without force-off"
         ));
     }
-    if let Err(e) = plan::check_drain_deadline(deadline_s, loaded.host.manager) {
+    if let Err(e) = crate::config::host::check_drain_deadline(deadline_s, loaded.host.manager) {
         warnings.push(format!("drain_deadline_s: {e}"));
     }
     DryRun {
