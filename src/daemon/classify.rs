@@ -73,12 +73,16 @@ pub enum Decision {
 /// Whether a job can take a unit down: a stop, a restart, and a job whose
 /// type could not be read (it was gone when asked: a quick stop ends
 /// before the question arrives; see [`JOB_GONE`]). A start, reload or
-/// verify job cannot.
+/// verify job cannot, nor a helper's job ([`JOB_OF_HELPER`]): the helper
+/// records what its own job did, and a later exit is not its doing.
 fn may_stop(job: &JobType) -> bool {
-    !matches!(
-        job,
-        JobType::Start | JobType::Reload | JobType::ReloadOrStart | JobType::VerifyActive | JobType::Nop
-    )
+    match job {
+        JobType::Start | JobType::Reload | JobType::ReloadOrStart | JobType::VerifyActive | JobType::Nop => {
+            false
+        }
+        JobType::Other(kind) => kind != JOB_OF_HELPER,
+        _ => true,
+    }
 }
 
 /// What the supervisor notes for a job that was gone before its type
@@ -321,6 +325,16 @@ mod tests {
                 Some(JobType::Other(JOB_GONE.into())),
                 Signal,
                 Decision::Transition(T::StopUser),
+            ),
+            (
+                "a helper's job (the autostart's start) explains no later exit",
+                R::Running,
+                Some("a"),
+                Failed,
+                None,
+                Some(JobType::Other(JOB_OF_HELPER.into())),
+                Signal,
+                Decision::Transition(T::UnexpectedExit),
             ),
             (
                 "a try-restart job is a stop too",
