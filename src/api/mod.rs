@@ -1,7 +1,8 @@
 //! The supervisor's read-only API: HTTP/1.1 and JSON on a Unix socket,
 //! never TCP. What it says lives here; how it is served (hyper, the socket,
 //! limits) lives in [`server`]; which request gets which answer is the pure
-//! [`routes::route`].
+//! [`routes::route`]. The one health aggregate, which the daemon also
+//! writes to the journal and its status file, is [`health`]'s.
 //!
 //! - `GET /healthz`: 200 while the loop runs and its last pass is recent;
 //!   503 when systemd could not be scanned at all or the loop stalled.
@@ -22,6 +23,7 @@
 //! thread and runtime, so a stalled supervisor loop cannot stall it, and
 //! `/healthz` can say so.
 
+pub mod health;
 mod routes;
 mod server;
 
@@ -35,9 +37,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
-use crate::daemon::health::{Health, HealthStatus};
 use crate::state::records::Record;
 use crate::systemd::ActiveState;
+use health::{Health, HealthStatus};
 
 pub use server::{Bound, start, stop};
 

@@ -105,8 +105,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::api::health::Health;
     use crate::api::view;
-    use crate::daemon::health::Health;
 
     #[test]
     fn routes() {

@@ -492,7 +492,7 @@ mod tests {
     fn http_over_the_socket() {
         let (_dir, path, shared) = serve();
         shared.publish(view("a"));
-        shared.passed(SystemTime::now(), crate::daemon::health::Health::default());
+        shared.passed(SystemTime::now(), crate::api::health::Health::default());
 
         // Keep-alive: two requests, two answers, one connection; the query
         // string is ignored.
@@ -659,7 +659,7 @@ mod tests {
     #[test]
     fn connections_are_capped_and_healthz_keeps_a_slot() {
         let (_dir, path, shared) = serve();
-        shared.passed(SystemTime::now(), crate::daemon::health::Health::default());
+        shared.passed(SystemTime::now(), crate::api::health::Health::default());
         // Every full slot taken by a client that sends nothing.
         let idle: Vec<UnixStream> = (0..MAX_CONNECTIONS)
             .map(|_| UnixStream::connect(&path).unwrap())

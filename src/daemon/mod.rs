@@ -8,8 +8,8 @@
 //!
 //! [`classify`] holds the transition rules as pure functions with a table
 //! test; [`supervisor`] feeds them what systemd shows and writes records;
-//! [`health`] is the one aggregate for the journal, the status file and
-//! `/healthz`; this file is the select loop and the ways out of it.
+//! [`crate::api::health`] is the one aggregate for the journal, the status
+//! file and `/healthz`; this file is the select loop and the ways out of it.
 //!
 //! Transitions a helper made are recorded by that helper under the
 //! workload's lock, which it holds across the job; the supervisor never
@@ -17,7 +17,6 @@
 //! what nobody else did: `start-user`, `stop-user` and `unexpected-exit`.
 
 pub mod classify;
-pub mod health;
 mod supervisor;
 
 use std::path::Path;

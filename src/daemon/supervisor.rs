@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::classify::{self, Decision, SeenBy, Settled};
-use super::health::{self, Health, HealthStatus};
+use crate::api::health::{self, Health, HealthStatus};
 use crate::api::{RecordJson, Shared, WorkloadView};
 use crate::config::{self, HostSettings, Loaded};
 use crate::events::Events;
@@ -762,7 +762,7 @@ mod tests {
     /// by loading `berth@junk1.service`; records grew without bound.
     #[tokio::test]
     async fn a_loaded_idle_unconfigured_unit_gets_no_record() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         let ops = FakeOps::default()
             .unit("web", true, Behaviour::Takes(Duration::ZERO))
             .unit("junk1", false, Behaviour::Takes(Duration::ZERO))
@@ -790,7 +790,7 @@ mod tests {
     /// running workload got a false unexpected-exit record.
     #[tokio::test]
     async fn an_observation_that_fails_is_not_an_exit() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         records::update(&root, "web", |r| {
             r.state = RecordState::Running;
             r.last_transition_reason = TransitionReason::Boot;
@@ -819,7 +819,7 @@ mod tests {
     /// and the first pass (which reads no InvocationID) saw nothing.
     #[tokio::test]
     async fn a_restart_while_unwatched_is_recorded_once_as_replaced() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", ""), ("db", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", ""), ("db", "")]);
         for (name, invocation) in [("web", Some("aaaa")), ("db", None)] {
             records::update(&root, name, |r| {
                 r.state = RecordState::Running;
@@ -875,7 +875,7 @@ mod tests {
     /// JobNew, and a `systemctl stop` was recorded as an unexpected exit.
     #[tokio::test]
     async fn a_first_signal_keeps_the_state_it_showed() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         records::update(&root, "web", |r| {
             r.state = RecordState::Running;
             r.invocation_id = Some("aaaa".into());
@@ -914,7 +914,7 @@ mod tests {
     /// `systemctl stop` of 2000 workloads held the loop past its watchdog.
     #[tokio::test]
     async fn a_pass_leaves_the_reads_to_later_loop_turns() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
         let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
         sup.pass(true).await;
@@ -942,7 +942,7 @@ mod tests {
     /// meanwhile held READY for 2.8 s.
     #[tokio::test]
     async fn a_first_pass_records_transitions_after_ready() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         records::update(&root, "web", |r| {
             r.state = RecordState::Stopped;
             r.last_transition_reason = TransitionReason::Boot;
@@ -972,7 +972,7 @@ mod tests {
     /// units each, and the daemon missed its watchdog.
     #[tokio::test]
     async fn a_signal_of_a_newly_loaded_unit_lists_nothing() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         let mut sup = Supervisor::new(
             FakeOps::default(),
             root.clone(),
@@ -1003,7 +1003,7 @@ mod tests {
     /// end of an instance started it again (and ended it a second time).
     #[tokio::test]
     async fn a_queued_signal_does_not_undo_a_newer_record() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         records::update(&root, "web", |r| {
             r.state = RecordState::Running;
             r.invocation_id = Some("aaaa".into());
@@ -1041,7 +1041,7 @@ mod tests {
     /// the supervisor no call into systemd; anyone else's is asked about.
     #[tokio::test]
     async fn a_job_queued_under_a_helpers_lock_is_not_asked_about() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", ""), ("db", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", ""), ("db", "")]);
         let ops = FakeOps::default()
             .unit("web", true, Behaviour::Takes(Duration::ZERO))
             .unit("db", true, Behaviour::Takes(Duration::ZERO));
@@ -1068,7 +1068,7 @@ mod tests {
     /// nobody made and a user's stop.
     #[tokio::test]
     async fn a_stop_signal_read_after_the_drain_recorded_it_changes_nothing() {
-        let (_d, root, loaded) = crate::drain::tests::setup("", &[("web", "")]);
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "")]);
         records::update(&root, "web", |r| {
             r.state = RecordState::Stopped;
             r.last_transition_reason = crate::state::records::TransitionReason::Drain;
