@@ -7,6 +7,7 @@
 //! defaults, and everything else is still returned.
 
 pub mod cluster;
+mod error;
 pub mod host;
 mod passthrough;
 mod read;
@@ -15,80 +16,15 @@ mod workload;
 
 pub use crate::names::{is_valid_workload_name, unit_name};
 pub use cluster::ClusterSettings;
+pub use error::{ConfigError, is_representable, shown_path};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
 pub use source::Discovered;
 pub use workload::{Autostart, HaPolicy, Readiness, StopAction, Workload, WorkloadKind};
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::paths::{Root, WORKLOAD_DIR};
-
-/// One problem in one file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    /// Dotted key path (`daemon.watchdog_s`, `service.MemoryMax`), when the
-    /// problem is about one key.
-    pub key: Option<String>,
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub fn file(file: &Path, reason: impl Into<String>) -> Self {
-        ConfigError {
-            file: file.to_path_buf(),
-            key: None,
-            reason: reason.into(),
-        }
-    }
-
-    pub fn key(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError {
-            file: file.to_path_buf(),
-            key: Some(key.into()),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let file = shown_path(&self.file);
-        match &self.key {
-            // Keys come from the file: anything beyond a plain key path is
-            // shown quoted, so a key cannot forge a line of output.
-            Some(key) if !is_plain_key(key) => write!(f, "{file}: {key:?}: {}", self.reason),
-            Some(key) => write!(f, "{file}: {key}: {}", self.reason),
-            None => write!(f, "{file}: {}", self.reason),
-        }
-    }
-}
-
-/// Whether a path can be written into a unit file or a log line as it
-/// is: UTF-8 without control characters (a newline would start a line of
-/// its own).
-pub fn is_representable(path: &Path) -> bool {
-    path.to_str().is_some_and(|s| !s.chars().any(char::is_control))
-}
-
-/// A path for a message: as it is when representable, else quoted with
-/// escapes (`"a\n[Service]"`), so a file name cannot forge a line.
-pub fn shown_path(path: &Path) -> String {
-    if is_representable(path) {
-        path.display().to_string()
-    } else {
-        format!("{path:?}")
-    }
-}
-
-fn is_plain_key(key: &str) -> bool {
-    key.chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '[' | ']'))
-}
-
-impl std::error::Error for ConfigError {}
 
 pub use crate::paths::Manager;
 
