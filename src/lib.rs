@@ -31,6 +31,8 @@ pub mod render;
 pub mod state;
 pub mod status;
 pub mod systemd;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod time;
 pub mod unit_text;
 pub mod units;

@@ -386,8 +386,8 @@ async fn keep_alive_by_id(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drain::tests::setup;
     use crate::systemd::fake::{Behaviour, FakeOps};
+    use crate::testing::temp_root as setup;
 
     const SEC: Duration = Duration::from_secs(1);
 

@@ -16,7 +16,7 @@ pub use plan::{DryRun, Target, dry_run};
 pub use report::{SUMMARY_MESSAGE_ID, unreachable};
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::config::Loaded;
     use crate::events::Events;
@@ -24,28 +24,9 @@ pub(crate) mod tests {
     use crate::state::drain_report::{Outcome, Report};
     use crate::state::records::{RecordState, TransitionReason};
     use crate::systemd::fake::{Behaviour, FakeOps};
+    use crate::testing::temp_root as setup;
     use std::collections::BTreeMap;
     use std::time::Duration;
-
-    pub(crate) fn setup(host: &str, workloads: &[(&str, &str)]) -> (tempfile::TempDir, Root, Loaded) {
-        let dir = tempfile::tempdir().unwrap();
-        let etc = dir.path().join("etc/berth/workloads");
-        std::fs::create_dir_all(&etc).unwrap();
-        std::fs::write(dir.path().join("etc/berth/berth.toml"), host).unwrap();
-        for (name, body) in workloads {
-            // A body that names its unit or domain runs no command.
-            let exec = if body.starts_with("unit = ") || body.starts_with("libvirt = ") {
-                ""
-            } else {
-                "exec = [\"/bin/x\"]\n"
-            };
-            std::fs::write(etc.join(format!("{name}.toml")), format!("{exec}{body}")).unwrap();
-        }
-        let root = Root::new(dir.path());
-        let loaded = crate::config::load(&root);
-        assert!(loaded.is_clean(), "{:?}", loaded.errors);
-        (dir, root, loaded)
-    }
 
     fn outcomes(report: &Report) -> BTreeMap<String, (Outcome, Option<&str>)> {
         report

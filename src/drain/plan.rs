@@ -204,7 +204,7 @@ pub fn dry_run(loaded: &Loaded, live: Option<&[UnitStatus]>) -> DryRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drain::tests::setup;
+    use crate::testing::temp_root as setup;
 
     /// Review of issue 11: `berth@pg.service`, still running after pg
     /// became an existing unit, was taken for pg (which of the two the
