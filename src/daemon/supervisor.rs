@@ -248,9 +248,7 @@ impl<O: Ops> Supervisor<O> {
                 // records what the job did: its type is not worth a call
                 // into systemd, which a drain of 200 made 200 times while
                 // systemd was busiest.
-                let kind = if lock::try_workload(&self.root, name)
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
-                {
+                let kind = if lock::workload_held(&self.root, name) {
                     JobType::Other(classify::JOB_OF_HELPER.into())
                 } else {
                     // A job that is gone by the time it is asked about ran
@@ -1056,6 +1054,10 @@ mod tests {
         }
         drop(held);
         assert_eq!(sup.sd.job_types_asked.get(), 1, "only db's job was asked about");
+        assert!(
+            !lock::workload_held(&root, "web") && !lock::workload_held(&root, "../x"),
+            "a free lock and a name that is no workload's are held by nobody"
+        );
         assert_eq!(
             sup.jobs["berth@web.service"].0,
             JobType::Other(classify::JOB_OF_HELPER.into())

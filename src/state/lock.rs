@@ -146,6 +146,20 @@ pub fn config_generations_path(root: &Root) -> PathBuf {
     locks_dir(root).join("config-generations")
 }
 
+/// Whether another process holds the workload's lock now. Creates
+/// nothing: a lock file that does not exist is held by nobody, and a name
+/// that is not a workload's has none.
+pub fn workload_held(root: &Root, name: &str) -> bool {
+    if !crate::names::is_valid_workload_name(name) {
+        return false;
+    }
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(workload_lock_path(root, name))
+        .is_ok_and(|file| matches!(file.try_lock(), Err(fs::TryLockError::WouldBlock)))
+}
+
 /// The workload's lock if it is free now; `WouldBlock` otherwise.
 pub fn try_workload(root: &Root, name: &str) -> io::Result<File> {
     take(&workload_lock_path(root, name), 1)
