@@ -305,13 +305,6 @@ pub fn problems(
             continue;
         }
         out.extend(takeover_problems(name, units));
-        if w.refuse_manual_stop {
-            out.push(format!(
-                "{name}{} has RefuseManualStop=yes{from}: systemd refuses the drain's stop, so only the \
-                 final kill of the shutdown ends it",
-                w.declared_in(name)
-            ));
-        }
         if !w.slice.is_empty() && w.slice != "berth.slice" {
             out.push(format!(
                 "{name} runs in {}{from}, not berth.slice: that slice may be stopped at shutdown with it",
@@ -860,11 +853,13 @@ mod tests {
         let p = problems(&s(&["mysql.service"]), &m, &expected()).join("\n");
         for needle in [
             "mysql.service is an alias of mariadb.service: name mariadb.service instead",
-            "mysql.service has RefuseManualStop=yes: systemd refuses the drain's stop",
             "mysql.service is wanted or triggered by mysql.socket",
         ] {
             assert!(p.contains(needle), "{needle}: {p}");
         }
+        // The drain's stops are queued by a transaction's Conflicts=, to
+        // which systemd does not apply RefuseManualStop=: not a problem.
+        assert!(!p.contains("RefuseManualStop"), "{p}");
     }
 
     #[test]

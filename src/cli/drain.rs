@@ -17,7 +17,12 @@ pub(super) fn run(root: &Root) -> i32 {
     let ran = block_on(async {
         // The deadline counts from here: connecting is part of the budget.
         let began = tokio::time::Instant::now();
-        match Systemd::connect(root.manager()).await {
+        // The drain's stops are queued together: one transaction per
+        // batch, not one call each.
+        match Systemd::connect(root.manager())
+            .await
+            .map(Systemd::stopping_together)
+        {
             Ok(sd) => {
                 // In cluster mode, owner keys are released as workloads go
                 // down, and HA workloads fenced at the lease deadline.

@@ -14,6 +14,7 @@ use zbus::proxy::CacheProperties;
 use super::error::SystemdError;
 use super::jobs::Jobs;
 use super::proxies::{ManagerProxy, UnitPropertiesProxy};
+use super::together::Together;
 use super::types::JobResult;
 use crate::paths::Manager;
 
@@ -55,6 +56,8 @@ pub struct Systemd {
     /// dropped when the job's JobRemoved arrives.
     job_slots: Arc<Semaphore>,
     pub(super) jobs: Arc<Mutex<Jobs>>,
+    /// Set on a connection whose stops are queued together.
+    pub(super) together: Option<Arc<Together>>,
 }
 
 impl Systemd {
@@ -101,6 +104,7 @@ impl Systemd {
             calls: Arc::new(Semaphore::new(MAX_PENDING_CALLS)),
             job_slots: Arc::new(Semaphore::new(MAX_JOBS_IN_FLIGHT)),
             jobs,
+            together: None,
         };
         systemd
             .bounded("Subscribe", "the manager", systemd.manager.subscribe())
@@ -169,7 +173,7 @@ async fn read_job_signals(mut removed: super::proxies::JobRemovedStream, jobs: A
         let path = args.job.as_str().to_string();
         let result = JobResult::from(args.result.as_str());
         if let Ok(mut jobs) = jobs.lock() {
-            jobs.complete(path, result);
+            jobs.removed(args.id, path, &args.unit, result);
         }
     }
     if let Ok(mut jobs) = jobs.lock() {

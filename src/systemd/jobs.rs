@@ -26,6 +26,9 @@ pub(super) struct Jobs {
     held: HashMap<String, OwnedSemaphorePermit>,
     /// Finished jobs nobody waited for yet, oldest first, for eviction.
     done_order: VecDeque<String>,
+    /// Units a batch of stops is queuing, with the last job seen removed
+    /// for each (id, path): see `together`.
+    watched: HashMap<String, Option<(u32, String)>>,
     closed: bool,
 }
 
@@ -42,6 +45,31 @@ impl Jobs {
         if !self.closed && !matches!(self.slots.get(path), Some(Slot::Done(_))) {
             self.held.insert(path.to_string(), permit);
         }
+    }
+
+    /// A JobRemoved: `unit`'s job `id` at `path` ended with `result`.
+    pub(super) fn removed(&mut self, id: u32, path: String, unit: &str, result: JobResult) {
+        if let Some(last) = self.watched.get_mut(unit)
+            && last.as_ref().is_none_or(|(seen, _)| *seen < id)
+        {
+            *last = Some((id, path.clone()));
+        }
+        self.complete(path, result);
+    }
+
+    /// From now on, the last job removed for each of `units` is noted.
+    pub(super) fn watch_units(&mut self, units: &[String]) {
+        for unit in units {
+            self.watched.insert(unit.clone(), None);
+        }
+    }
+
+    /// Stops noting `units`; the last job removed for each, if any.
+    pub(super) fn unwatch_units(&mut self, units: &[String]) -> HashMap<String, (u32, String)> {
+        units
+            .iter()
+            .filter_map(|unit| Some((unit.clone(), self.watched.remove(unit)??)))
+            .collect()
     }
 
     pub(super) fn complete(&mut self, path: String, result: JobResult) {
@@ -163,5 +191,24 @@ mod tests {
         jobs.close();
         assert_eq!(rx.try_recv().unwrap(), JobResult::Disconnected);
         assert_eq!(done(&mut jobs, "/j/2"), Some(JobResult::Disconnected));
+    }
+
+    #[test]
+    fn the_last_removal_of_a_watched_unit_is_noted_and_its_result_kept() {
+        let mut jobs = Jobs::default();
+        let units = ["a.service".to_string(), "b.service".to_string()];
+        jobs.removed(4, "/j/4".into(), "a.service", JobResult::Done);
+        jobs.watch_units(&units);
+        jobs.removed(9, "/j/9".into(), "a.service", JobResult::Done);
+        // Signals can come out of order with each other: the newest stays.
+        jobs.removed(7, "/j/7".into(), "a.service", JobResult::Canceled);
+        jobs.removed(8, "/j/8".into(), "c.service", JobResult::Done);
+        let seen = jobs.unwatch_units(&units);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen["a.service"], (9, "/j/9".to_string()));
+        assert_eq!(done(&mut jobs, "/j/9"), Some(JobResult::Done));
+        jobs.removed(10, "/j/10".into(), "a.service", JobResult::Done);
+        assert!(jobs.unwatch_units(&units).is_empty(), "no longer watched");
+        assert!(jobs.watched.is_empty());
     }
 }

@@ -4,7 +4,8 @@
 //! goes through one trait, [`Ops`], so each can run against the fake
 //! manager in unit tests; [`Systemd`] is the real one. Under it: typed
 //! zbus proxies ([`proxies`]), one connection owner with a bound on calls
-//! in flight ([`connection`]), the JobRemoved demultiplexer ([`jobs`]) and
+//! in flight ([`connection`]), the JobRemoved demultiplexer ([`jobs`]), the
+//! drain's stops queued together in one transaction ([`together`]) and
 //! the change stream the supervisor listens to ([`watch`]).
 //!
 //! berth uses the bus, never systemd's private socket: zbus 6 accepts
@@ -19,6 +20,7 @@ pub mod fake;
 mod jobs;
 pub mod ops;
 pub mod proxies;
+mod together;
 mod transient;
 pub mod types;
 mod watch;

@@ -68,7 +68,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn job(path: String) -> Job {
+pub(super) fn job(path: String) -> Job {
     let id = path.rsplit('/').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     Job { path, id }
 }
@@ -241,9 +241,13 @@ impl Ops for Systemd {
     }
 
     async fn stop(&self, unit: &str) -> Result<Job, SystemdError> {
-        let path = self
-            .queue_job("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
-            .await?;
+        let path = match &self.together {
+            Some(together) => self.stop_with_others(together, unit).await?,
+            None => {
+                self.queue_job("StopUnit", unit, self.manager.stop_unit(unit, "replace"))
+                    .await?
+            }
+        };
         Ok(job(path))
     }
 

@@ -48,6 +48,9 @@ pub trait Manager {
 
     fn cancel_job(&self, id: u32) -> zbus::Result<()>;
 
+    /// Every job queued: id, unit, type, state, job path, unit path.
+    fn list_jobs(&self) -> zbus::Result<Vec<ListedJob>>;
+
     /// `systemctl daemon-reload`: reruns the generators, reloads units.
     fn reload(&self) -> zbus::Result<()>;
 
@@ -76,6 +79,10 @@ pub trait Manager {
     #[zbus(signal)]
     fn job_removed(&self, id: u32, job: OwnedObjectPath, unit: String, result: String) -> zbus::Result<()>;
 }
+
+/// A ListJobs entry: id, unit, type ("stop", …), state, job path, unit
+/// path.
+pub type ListedJob = (u32, String, String, String, OwnedObjectPath, OwnedObjectPath);
 
 /// `org.freedesktop.DBus.Properties.GetAll` on a unit object, once per
 /// interface, each into its own typed struct.

@@ -77,6 +77,11 @@ assert events("base")["stop-begin"] >= max(e for _, e in spans), "base stopped b
 print(f"drain took {report['elapsed_ms']} ms; peak parallelism {peak}")
 PY
 check_contains "the report file is written" '"deadline_s": 30' "$(cat "$CT_DIR/state/last-drain.json")"
+# The drain's stops reach systemd as transactions of a transient unit
+# that conflicts with them, not as a StopUnit each.
+together=$(ct_journal -o cat _PID=1 | grep -E '^Starting berth-stop-[0-9]+-[0-9]+\.service - berth: [0-9]+ stops? together' || true)
+check "the drain's stops were queued as transactions" test -n "$together"
+check_lacks "... every one of which systemd accepted and ran" "Failed to start berth-stop-" "$(ct_journal -o cat _PID=1)"
 # Issue 11, part 4: the drain's progress on the console. slow stops 8 s
 # after its group began (5 s or more into the drain): the waiting line of
 # the 10th second names it.
