@@ -21,7 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth::cluster::keys::{Keys, Owner};
 use berth::cluster::ownership::Local;
-use berth::cluster::presence::{self, LeaseState};
+use berth::cluster::presence;
+use berth::cluster::session::{self, LeaseState};
 use berth::cluster::take::{self, Starter};
 use berth::config::{self, Workload};
 use berth::events::Events;
@@ -127,7 +128,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
     let ha: BTreeMap<String, String> = berth::cluster::ha_hashes(&loaded);
     let (mut client, joined) = loop {
         let attempt = async {
-            let mut client = presence::connect(&settings).await?;
+            let mut client = session::connect(&settings).await?;
             let joined = presence::join(
                 &mut client,
                 &settings,
@@ -138,7 +139,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
                 false,
             )
             .await?;
-            Ok::<_, presence::ClusterError>((client, joined))
+            Ok::<_, session::ClusterError>((client, joined))
         };
         match attempt.await {
             Ok(done) => break done,
@@ -188,7 +189,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
         return 1;
     };
     tokio::select! {
-        lost = presence::keep_alive(client.clone(), settings.clone(), lease, state) => {
+        lost = session::keep_alive(client.clone(), settings.clone(), lease, state) => {
             eprintln!("cluster_sim {node}: lease lost ({lost:?})");
             1
         }

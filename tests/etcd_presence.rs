@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth::cluster::keys::{Keys, LastState, Member, NodeState, Presence};
-use berth::cluster::presence::{self, LeaseState, boottime};
+use berth::cluster::presence;
+use berth::cluster::session::{self, LeaseState, boottime};
 use berth::config::ClusterSettings;
 
 struct Etcd {
@@ -92,7 +93,7 @@ fn settings(url: &str, ttl: u64) -> ClusterSettings {
 async fn connected(s: &ClusterSettings) -> etcd_client::Client {
     let began = Instant::now();
     loop {
-        if let Ok(mut c) = presence::connect(s).await
+        if let Ok(mut c) = session::connect(s).await
             && c.status().await.is_ok()
         {
             return c;
@@ -156,7 +157,7 @@ fn presence_lease_resume_revoke_and_expiry() {
 
         // Keep-alives move the fence deadline: TTL 3 s, margin 1.2 s.
         let state = Arc::new(LeaseState::default());
-        let keeper = tokio::spawn(presence::keep_alive(
+        let keeper = tokio::spawn(session::keep_alive(
             client.clone(),
             s.clone(),
             first.lease_id,
@@ -262,7 +263,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         // agent then joins again.
         let lost = tokio::time::timeout(
             Duration::from_secs(5),
-            presence::keep_alive(
+            session::keep_alive(
                 client.clone(),
                 s.clone(),
                 first.lease_id,
@@ -271,7 +272,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         )
         .await
         .expect("a lease that is gone ends the keep-alive");
-        assert_eq!(lost, presence::LeaseLost::Expired);
+        assert_eq!(lost, session::LeaseLost::Expired);
         let (_, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
         assert_eq!(lease, after_boot.lease_id);
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::lifecycle::helper_context;
 use super::{block_on, fail, say, say_error, with_systemd};
 use crate::cluster::fence;
-use crate::cluster::presence::boottime;
+use crate::cluster::session::boottime;
 use crate::config;
 use crate::paths::Root;
 use crate::systemd::Ops;

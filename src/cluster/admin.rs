@@ -6,7 +6,7 @@
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::keys::{ClusterFreeze, Keys};
-use super::presence::{ClusterError, connect, json};
+use super::session::{ClusterError, connect, json};
 use crate::config::ClusterSettings;
 use crate::time::rfc3339;
 

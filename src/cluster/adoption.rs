@@ -23,7 +23,7 @@ use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 
 use super::keys::{ClusterFreeze, Keys};
-use super::presence::CALL_TIMEOUT;
+use super::session::CALL_TIMEOUT;
 use crate::config::ClusterSettings;
 use crate::events::Events;
 use crate::paths::Root;

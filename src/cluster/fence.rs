@@ -24,7 +24,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, Txn};
 
 use super::keys::{self, Keys};
-use super::presence::{self, LeaseState, boottime};
+use super::session::{LeaseState, boottime};
 use crate::config::{ClusterSettings, Workload};
 use crate::drain::execute::stop_one;
 use crate::drain::plan::Target;
@@ -214,10 +214,13 @@ async fn running_of<O: Ops>(sd: &O, workloads: &[Workload]) -> Vec<Workload> {
 /// The cached etcd client, connected when there is none.
 async fn connected<'c>(ctx: &Context, client: &'c mut Option<Client>) -> Option<&'c mut Client> {
     if client.is_none() {
-        *client = tokio::time::timeout(Duration::from_secs(5), presence::connect(&ctx.settings))
-            .await
-            .ok()
-            .and_then(Result::ok);
+        *client = tokio::time::timeout(
+            super::session::CALL_TIMEOUT,
+            super::session::connect(&ctx.settings),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok);
     }
     client.as_mut()
 }

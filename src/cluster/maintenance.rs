@@ -24,7 +24,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 use serde::{Deserialize, Serialize};
 
 use super::keys::{Keys, NodeState, Owner};
-use super::presence::{self, ClusterError, boottime};
+use super::presence;
+use super::session::{ClusterError, boottime};
 use crate::config::ClusterSettings;
 
 /// Keys per transaction: two compares each, within etcd 3.4's 128

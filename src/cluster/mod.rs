@@ -4,8 +4,9 @@
 //! in berth.toml nothing here runs.
 //!
 //! - [`keys`]: the key layout and the values stored under it (pure).
-//! - [`presence`]: the node's lease, its keep-alives on a thread of their
-//!   own, and the fence deadline they move.
+//! - [`session`]: the connection to etcd, its errors and call timeout,
+//!   and the one keep-alive loop, which moves the fence deadline.
+//! - [`presence`]: the node's lease, its join, and the keys bound to it.
 //! - [`owner`]: the unit's own guard, `berth owner-check`: only the
 //!   owner starts an HA workload.
 //! - [`placement`]: who takes a workload nobody owns (pure).
@@ -33,6 +34,7 @@ pub mod placement;
 pub mod presence;
 pub mod rejoin;
 pub mod release;
+pub mod session;
 pub mod take;
 pub mod view;
 
@@ -44,7 +46,7 @@ use std::time::Duration;
 use crate::config::{ClusterSettings, Loaded, Workload};
 use crate::events::Events;
 use crate::paths::Root;
-use presence::{LeaseState, boottime};
+use session::{LeaseState, boottime};
 
 /// This node's name: `[cluster] node`, else the hostname (which must then
 /// be a valid node name).
@@ -358,15 +360,15 @@ async fn membership(
         // (expired, or etcd silent for a TTL), both go, and the node joins
         // again on a new connection (resuming the lease if it is alive).
         let lost = tokio::select! {
-            lost = presence::keep_alive(client.clone(), settings.clone(), joined.lease_id, state.clone()) => lost,
+            lost = session::keep_alive(client.clone(), settings.clone(), joined.lease_id, state.clone()) => lost,
             _ = orchestrate => continue,
         };
         events.warn(&match lost {
-            presence::LeaseLost::Expired => format!(
+            session::LeaseLost::Expired => format!(
                 "cluster: lease {:x} expired: joining again with a new one",
                 joined.lease_id
             ),
-            presence::LeaseLost::Silent => format!(
+            session::LeaseLost::Silent => format!(
                 "cluster: no answer from etcd for a whole TTL on lease {:x}: joining again",
                 joined.lease_id
             ),
@@ -419,7 +421,7 @@ async fn depart(joining: &Joining, node: &str, root: &Root, state: &LeaseState) 
     }
     let settings = &joining.settings;
     let handed = async {
-        let mut client = presence::connect(settings).await?;
+        let mut client = session::connect(settings).await?;
         maintenance::hand_over(
             &mut client,
             maintenance::Leaving {
@@ -485,7 +487,7 @@ async fn join_until_joined(
     let mut said = false;
     loop {
         let attempt = async {
-            let mut client = presence::connect(settings).await?;
+            let mut client = session::connect(settings).await?;
             let lease =
                 presence::take_lease(&mut client, settings, &joining.boot_id, &root.state_dir()).await?;
             // A lease resumed with no hand-over pending (a crash, not a
@@ -509,7 +511,7 @@ async fn join_until_joined(
                 lease,
             )
             .await?;
-            Ok::<_, presence::ClusterError>((client, joined))
+            Ok::<_, session::ClusterError>((client, joined))
         };
         match attempt.await {
             Ok(done) => return done,

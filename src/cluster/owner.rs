@@ -87,7 +87,9 @@ pub async fn confirm(
         )));
     }
     let asked = async {
-        let mut client = presence::connect(settings).await.map_err(|e| e.to_string())?;
+        let mut client = super::session::connect(settings)
+            .await
+            .map_err(|e| e.to_string())?;
         let key = Keys::new(&settings.prefix).owner(workload);
         let got = client.get(key, None).await.map_err(|e| e.to_string())?;
         let owner = got

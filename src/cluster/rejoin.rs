@@ -23,7 +23,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 
 use super::keys::{Keys, LastState, NodeState};
-use super::presence::CALL_TIMEOUT;
+use super::session::CALL_TIMEOUT;
 use crate::config::ClusterSettings;
 use crate::events::Events;
 

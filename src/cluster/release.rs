@@ -32,15 +32,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::keys::{Keys, NodeState, Owner};
-use super::presence::{self, LeaseClock, boottime, json};
+use super::presence;
+use super::session::{self, CALL_TIMEOUT, CappedDeadline, boottime, json};
 use crate::config::{ClusterSettings, Loaded, Workload};
 use crate::events::Events;
 use crate::paths::Root;
 use crate::state::drain_report::{Report, StopResult};
 use crate::systemd::Ops;
-
-/// How long one etcd call may take during the drain.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Runs the drain, in cluster mode with its [`Release`] beside it: owner
 /// keys released as workloads go down, HA workloads fenced at the lease
@@ -218,18 +216,20 @@ struct Session {
 impl Session {
     async fn run(self, mut results: UnboundedReceiver<StopResult>) {
         let events = Events::new("berth");
-        let Ok(Ok(mut client)) = tokio::time::timeout(CALL_TIMEOUT, presence::connect(&self.settings)).await
+        let Ok(Ok(mut client)) = tokio::time::timeout(CALL_TIMEOUT, session::connect(&self.settings)).await
         else {
             events
                 .warn("cluster: cannot reach etcd; the drain releases nothing (keys expire with the lease)");
             return;
         };
-        let keeper = tokio::spawn(keep_alive_by_id(
+        let keeper = tokio::spawn(session::keep_alive(
             client.clone(),
-            self.lease,
             self.settings.clone(),
-            self.deadline.clone(),
-            self.cap,
+            self.lease,
+            Arc::new(CappedDeadline {
+                deadline: self.deadline.clone(),
+                cap: self.cap,
+            }),
         ));
         // Unannounced, a release could hand a workload straight back to
         // this node (its presence still says up): nothing is released.
@@ -329,56 +329,6 @@ impl Session {
             Err(_) => events.warn(&format!(
                 "cluster: cannot release {workload}: etcd did not answer"
             )),
-        }
-    }
-}
-
-/// Keeps `lease` alive while the drain runs: any client may, by id. A
-/// broken stream is opened again; a lease etcd no longer has ends it.
-/// Each answer moves the fence `deadline` on, never past `cap`.
-async fn keep_alive_by_id(
-    mut client: Client,
-    lease: i64,
-    settings: ClusterSettings,
-    deadline: Arc<AtomicU64>,
-    cap: Option<Duration>,
-) {
-    let (every, margin) = (settings.keep_alive_interval(), settings.fence_margin());
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let (mut keeper, mut stream) =
-            match tokio::time::timeout(CALL_TIMEOUT, client.lease_keep_alive(lease)).await {
-                Ok(Ok(opened)) => opened,
-                // The lease is gone: nothing left to keep.
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => return,
-                _ => {
-                    tick.tick().await;
-                    continue;
-                }
-            };
-        // A new stream answers only what is sent on it.
-        let mut clock = LeaseClock::default();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let sent = boottime();
-                    if keeper.keep_alive().await.is_err() {
-                        break;
-                    }
-                    clock.sent(sent);
-                }
-                answer = stream.message() => match answer {
-                    Ok(Some(r)) if r.ttl() <= 0 => return,
-                    Ok(Some(r)) => {
-                        if let Some(d) = clock.acknowledged(r.ttl(), margin) {
-                            let d = cap.map_or(d, |c| d.min(c));
-                            deadline.fetch_max(d.as_millis() as u64, Ordering::Relaxed);
-                        }
-                    }
-                    _ => break,
-                },
-            }
         }
     }
 }

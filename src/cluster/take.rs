@@ -13,7 +13,7 @@ use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions,
 
 use super::keys::{Keys, Owner};
 use super::ownership::{self, Local, OwnerKey, View};
-use super::presence::{LeaseState, boottime};
+use super::session::{LeaseState, boottime};
 use crate::config::{ClusterSettings, Workload};
 use crate::events::Events;
 use crate::paths::Root;
@@ -21,7 +21,7 @@ use crate::state::records::TransitionReason;
 use crate::systemd::{Ops, Systemd};
 use crate::time::rfc3339;
 
-use super::presence::CALL_TIMEOUT;
+use super::session::CALL_TIMEOUT;
 
 /// What the loop works with.
 pub struct Context {

@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::keys::{Keys, LastState, Owner, Presence};
-use super::presence::{ClusterError, boottime};
+use super::session::{ClusterError, boottime};
 use crate::config::ClusterSettings;
 use crate::time::rfc3339;
 
@@ -253,7 +253,7 @@ pub async fn ask(
     lease_ttls: bool,
 ) -> Result<ClusterView, String> {
     let node = super::node_name(settings)?;
-    let mut client = tokio::time::timeout(GATHER_TIMEOUT, super::presence::connect(settings))
+    let mut client = tokio::time::timeout(GATHER_TIMEOUT, super::session::connect(settings))
         .await
         .map_err(|_| "etcd did not answer in time".to_string())?
         .map_err(|e| e.to_string())?;
@@ -356,7 +356,7 @@ async fn keep(
     loop {
         if first || api.cluster_asked() {
             if client.is_none() {
-                client = tokio::time::timeout(GATHER_TIMEOUT, super::presence::connect(&settings))
+                client = tokio::time::timeout(GATHER_TIMEOUT, super::session::connect(&settings))
                     .await
                     .ok()
                     .and_then(Result::ok);
