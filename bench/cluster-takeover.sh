@@ -47,6 +47,12 @@ runs_on() { [ "$(on "$1" systemctl is-active berth@db.service 2>/dev/null)" = ac
 # last EVENT of NODE's workload log (seconds, wall clock: one kernel clock).
 last() { awk -v e="$2" '$1 == e { t = $2 } END { print t }' "${NODE_DIR[$1]}/out/db.log" 2>/dev/null; }
 other() { if [ "$1" = A ]; then echo B; else echo A; fi; }
+# NODE has listed the owners since its join: its presence waits for no
+# workload any more.
+listed() {
+    etcdctl get "/berth/nodes/$1" --print-value-only \
+        | python3 -c 'import json, sys; t = sys.stdin.read().strip(); sys.exit(0 if t and not json.loads(t).get("waiting") else 1)'
+}
 
 boot A
 boot B
@@ -76,6 +82,9 @@ for i in $(seq "$RUNS"); do
     wait_for $((TTL + BOUND + 30)) runs_on "$o" || die "run $i: $o did not take db after $t's root kill"
     killed+=("$(python3 -c "print($(last "$o" start) - $k)")")
     boot "$t"
+    # Its first listing done before the next power-off: a node that never
+    # saw the owner key go waits a whole stop bound before it takes.
+    wait_for 30 listed "$t" || die "run $i: $t did not list the owners after its boot"
     owner_node=$o
     log "bench: run $i: drained power-off ${released[-1]} s, root kill ${killed[-1]} s"
 done
