@@ -3,18 +3,18 @@
 
 use std::future::Future;
 use std::num::NonZeroUsize;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use zbus::Connection;
 use zbus::proxy::CacheProperties;
 
 use super::error::SystemdError;
 use super::jobs::Jobs;
 use super::proxies::{ManagerProxy, UnitPropertiesProxy};
-use super::together::Together;
 use super::types::JobResult;
 use crate::paths::Manager;
 
@@ -165,6 +165,20 @@ impl Systemd {
             .await
             .map_err(|e| SystemdError::new("LoadUnit", unit, e))
     }
+}
+
+/// The stops waiting for the next batch (see `together`), and whether a task is sending
+/// batches (at most one: batches go one after the other).
+#[derive(Default)]
+pub(super) struct Together {
+    pub(super) state: Mutex<Waiting>,
+    pub(super) batches: AtomicU64,
+}
+
+#[derive(Default)]
+pub(super) struct Waiting {
+    pub(super) stops: Vec<(String, oneshot::Sender<Result<String, SystemdError>>)>,
+    pub(super) sending: bool,
 }
 
 async fn read_job_signals(mut removed: super::proxies::JobRemovedStream, jobs: Arc<Mutex<Jobs>>) {

@@ -24,30 +24,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
 use zbus::Variant as Value;
 
-use super::connection::Systemd;
+use super::connection::{Systemd, Together};
 use super::error::SystemdError;
 use super::proxies::ListedJob;
-
-/// The stops waiting for the next batch, and whether a task is sending
-/// batches (at most one: batches go one after the other).
-#[derive(Default)]
-pub(super) struct Together {
-    state: Mutex<Waiting>,
-    batches: AtomicU64,
-}
-
-#[derive(Default)]
-struct Waiting {
-    stops: Vec<(String, oneshot::Sender<Result<String, SystemdError>>)>,
-    sending: bool,
-}
 
 impl Systemd {
     /// This connection's stops are queued together (see the module).
