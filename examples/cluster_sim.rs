@@ -19,9 +19,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use berth::cluster::join;
 use berth::cluster::keys::{Keys, Owner};
 use berth::cluster::ownership::Local;
-use berth::cluster::presence;
 use berth::cluster::session::{self, LeaseState};
 use berth::cluster::take::{self, Starter};
 use berth::config::{self, Workload};
@@ -129,7 +129,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
     let (mut client, joined) = loop {
         let attempt = async {
             let mut client = session::connect(&settings).await?;
-            let joined = presence::join(
+            let joined = join::join(
                 &mut client,
                 &settings,
                 &node,

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use berth::cluster::join;
 use berth::cluster::keys::{Keys, LastState, Member, NodeState, Presence};
 use berth::cluster::presence;
 use berth::cluster::session::{self, LeaseState, boottime};
@@ -125,7 +126,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         let ha = BTreeMap::from([("db".to_string(), "00ff".to_string())]);
 
         // Join: presence on the lease, last state and member persistent.
-        let first = presence::join(
+        let first = join::join(
             &mut client,
             &s,
             "n1",
@@ -182,7 +183,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         );
 
         // A restart within the same boot resumes the lease.
-        let again = presence::join(
+        let again = join::join(
             &mut client,
             &s,
             "n1",
@@ -211,7 +212,7 @@ fn presence_lease_resume_revoke_and_expiry() {
         // would give a deadline at most 2 - 1.2 s past the join's start.
         tokio::time::sleep(Duration::from_millis(800)).await;
         let sent = boottime();
-        let late = presence::join(
+        let late = join::join(
             &mut client,
             &s,
             "n1",
@@ -240,7 +241,7 @@ fn presence_lease_resume_revoke_and_expiry() {
 
         // After a new boot the old lease is revoked at once, not left to
         // expire, and a new one granted.
-        let after_boot = presence::join(
+        let after_boot = join::join(
             &mut client,
             &s,
             "n1",
@@ -313,7 +314,7 @@ fn the_owner_check_fails_closed() {
         let mut client = connected(&s).await;
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
-        let joined = presence::join(
+        let joined = join::join(
             &mut client,
             &s,
             "n1",
@@ -403,7 +404,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
         let mut client = connected(&s).await;
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
-        let joined = presence::join(
+        let joined = join::join(
             &mut client,
             &s,
             "n1",
@@ -485,7 +486,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
         );
 
         // Back within the grace, same boot: a new live lease, the keys on it.
-        let back = presence::join(
+        let back = join::join(
             &mut client,
             &s,
             "n1",
@@ -562,7 +563,7 @@ fn admin_freeze_thaw_and_forget() {
 
         // forget: refused while n2 has a presence, done once it has none.
         let state_dir = tempfile::tempdir().unwrap();
-        let joined = presence::join(
+        let joined = join::join(
             &mut client,
             &s,
             "n2",

@@ -6,7 +6,8 @@
 //! - [`keys`]: the key layout and the values stored under it (pure).
 //! - [`session`]: the connection to etcd, its errors and call timeout,
 //!   and the one keep-alive loop, which moves the fence deadline.
-//! - [`presence`]: the node's lease, its join, and the keys bound to it.
+//! - [`presence`]: the node's lease and the keys bound to it;
+//!   [`join`]: the join, which takes back a maintenance's keys.
 //! - [`owner`]: the unit's own guard, `berth owner-check`: only the
 //!   owner starts an HA workload.
 //! - [`placement`]: who takes a workload nobody owns (pure).
@@ -26,6 +27,7 @@
 pub mod admin;
 pub mod adoption;
 pub mod fence;
+pub mod join;
 pub mod keys;
 pub mod maintenance;
 pub mod owner;
@@ -482,7 +484,7 @@ async fn join_until_joined(
     root: &Root,
     state: &LeaseState,
     events: &Events,
-) -> (etcd_client::Client, presence::Joined) {
+) -> (etcd_client::Client, join::Joined) {
     let settings = &joining.settings;
     let mut said = false;
     loop {
@@ -500,7 +502,7 @@ async fn join_until_joined(
                 state.lease.store(lease.id, Ordering::Relaxed);
                 state.set_deadline(lease.deadline);
             }
-            let joined = presence::join_on(
+            let joined = join::join_on(
                 &mut client,
                 settings,
                 node,

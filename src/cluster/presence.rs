@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
-use super::keys::{Keys, LastState, Member, NodeState, Presence};
+use super::keys::{Keys, LastState, NodeState, Presence};
 use super::session::{CALL_TIMEOUT, ClusterError, boottime, json};
 use crate::config::ClusterSettings;
 use crate::time::rfc3339;
@@ -33,26 +33,10 @@ pub fn read_lease_record(state_dir: &Path) -> Result<LeaseRecord, ClusterError> 
     serde_json::from_slice(&bytes).map_err(|e| ClusterError::Local(path, e.into()))
 }
 
-fn write_lease_record(state_dir: &Path, r: &LeaseRecord) -> Result<(), ClusterError> {
+pub(super) fn write_lease_record(state_dir: &Path, r: &LeaseRecord) -> Result<(), ClusterError> {
     let path = lease_record_path(state_dir);
     let bytes = serde_json::to_vec(r).map_err(|e| ClusterError::Local(path.clone(), e.into()))?;
     crate::state::atomic::write_json(&path, &bytes).map_err(|e| ClusterError::Local(path, e))
-}
-
-/// What a node joined with.
-#[derive(Debug, Clone)]
-pub struct Joined {
-    pub lease_id: i64,
-    /// The lease of this boot was still alive: a restart, not a new boot.
-    pub resumed: bool,
-    pub granted_ttl_s: i64,
-    /// Owner keys moved back from the maintenance lease.
-    pub taken_back: usize,
-    /// The fence deadline the grant (or the renewal of a resumed lease)
-    /// gives, counted from before the request was sent.
-    pub deadline: Duration,
-    /// The frozen flag of the presence put.
-    pub frozen: bool,
 }
 
 /// The lease a join is made on.
@@ -122,77 +106,6 @@ pub async fn take_lease(
         resumed: false,
         granted_ttl_s: g.ttl(),
         deadline: deadline(sent, g.ttl()),
-    })
-}
-
-/// Takes the node's lease ([`take_lease`]) and joins on it ([`join_on`]).
-pub async fn join(
-    client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    boot_id: &str,
-    state_dir: &Path,
-    ha: BTreeMap<String, String>,
-    frozen: bool,
-) -> Result<Joined, ClusterError> {
-    let lease = take_lease(client, settings, boot_id, state_dir).await?;
-    join_on(client, settings, node, boot_id, state_dir, ha, frozen, lease).await
-}
-
-/// Records `lease` as the node's, and puts its presence, its last state
-/// and, the first time, its member key.
-#[allow(clippy::too_many_arguments)]
-pub async fn join_on(
-    client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    boot_id: &str,
-    state_dir: &Path,
-    ha: BTreeMap<String, String>,
-    frozen: bool,
-    lease: Lease,
-) -> Result<Joined, ClusterError> {
-    let keys = Keys::new(&settings.prefix);
-    let lease_id = lease.id;
-    write_lease_record(
-        state_dir,
-        &LeaseRecord {
-            lease_id,
-            boot_id: boot_id.to_string(),
-        },
-    )?;
-    // Back from maintenance: the keys it left on its maintenance lease
-    // come back onto the live one, and the grace ends now.
-    let taken_back =
-        super::maintenance::take_back(client, settings, node, boot_id, state_dir, lease_id).await?;
-    // Until its first listing says otherwise, the node waits for every
-    // HA workload it has (it did not see any owner key go): a peer that
-    // did see one go takes it first (placement).
-    let mut joining = presence(NodeState::Up, boot_id, ha, frozen);
-    joining.waiting = joining.ha.keys().cloned().collect();
-    announce(client, &keys, node, lease_id, joining).await?;
-    let member = Member {
-        joined_at: rfc3339(std::time::SystemTime::now()),
-    };
-    // The member key is written once: its creation is the join.
-    client
-        .txn(
-            Txn::new()
-                .when(vec![Compare::create_revision(
-                    keys.member(node),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then(vec![TxnOp::put(keys.member(node), json(&member), None)]),
-        )
-        .await?;
-    Ok(Joined {
-        lease_id,
-        resumed: lease.resumed,
-        granted_ttl_s: lease.granted_ttl_s,
-        taken_back,
-        deadline: lease.deadline,
-        frozen,
     })
 }
 
