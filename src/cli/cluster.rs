@@ -8,11 +8,9 @@
 //! - `berth cluster forget N`: N is gone for good; the rejoin grace stops
 //!   waiting for it.
 
-use std::time::Duration;
-
 use super::lifecycle::helper_context;
 use super::{block_on, fail, say, say_error, with_systemd};
-use crate::cluster::fence;
+use crate::cluster::fence::{self, Arming};
 use crate::cluster::session::boottime;
 use crate::config;
 use crate::paths::Root;
@@ -36,11 +34,7 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         Ok(n) => n,
         Err(e) => return refuse(&e),
     };
-    // Past the fence deadline this node's daemon last saw, nothing starts:
-    // the fence is (or is about to be) stopping the HA workloads.
-    if let Some(d) = fence::read_deadline(&root.runtime_dir())
-        && boottime() >= d
-    {
+    if fence::start_refused(fence::read_deadline(&root.runtime_dir()), boottime()) {
         return refuse("this node is past its fence deadline (its lease is not known to be alive)");
     }
     let boot_id = match crate::state::runs::boot_id() {
@@ -66,10 +60,11 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
     if loaded.host.cluster.is_none() {
         return 0;
     }
-    let Some(deadline) = fence::read_deadline(&root.runtime_dir()) else {
+    let deadline = fence::read_deadline(&root.runtime_dir());
+    if fence::arming(deadline, boottime(), None) == Arming::NothingToArm {
         say("berth fence-arm: no lease deadline was seen in this boot; nothing to arm\n");
         return 0;
-    };
+    }
     let argv = match std::env::current_exe() {
         Ok(exe) => vec![exe.to_string_lossy().into_owned(), "fence".to_string()],
         Err(e) => {
@@ -79,23 +74,22 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
             return 1;
         }
     };
-    let after = deadline.saturating_sub(boottime()).max(Duration::from_micros(1));
     let armed = with_systemd(root, |sd| async move {
-        // A shutdown: the drain releases the HA workloads itself.
-        if sd.system_state().await.is_ok_and(|s| s == "stopping") {
-            return Ok(false);
+        let state = sd.system_state().await.ok();
+        let arming = fence::arming(deadline, boottime(), state.as_deref());
+        if let Arming::After(after) = arming {
+            sd.arm_timer(
+                fence::TIMER,
+                "berth: fence this node's HA workloads at its lease deadline",
+                after,
+                &argv,
+            )
+            .await?;
         }
-        sd.arm_timer(
-            fence::TIMER,
-            "berth: fence this node's HA workloads at its lease deadline",
-            after,
-            &argv,
-        )
-        .await?;
-        Ok(true)
+        Ok(arming)
     });
     match armed {
-        Ok(true) => {
+        Ok(Arming::After(after)) => {
             say(&format!(
                 "berth fence-arm: {}.timer armed: the HA workloads stop in {} ms unless berth-daemon joins again first\n",
                 fence::TIMER,
@@ -103,7 +97,7 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
             ));
             0
         }
-        Ok(false) => {
+        Ok(_) => {
             say("berth fence-arm: the host is shutting down; the drain releases the HA workloads\n");
             0
         }

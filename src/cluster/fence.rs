@@ -63,6 +63,34 @@ pub fn step(deadline: Option<Duration>, now: Duration, fenced: bool, last_fence:
     }
 }
 
+/// `berth owner-check`'s rule: past the deadline this node's daemon last
+/// saw, no HA workload starts, for the fence is (or is about to be)
+/// stopping them. No deadline known: the owner key decides (pure).
+pub fn start_refused(deadline: Option<Duration>, now: Duration) -> bool {
+    deadline.is_some_and(|d| now >= d)
+}
+
+/// What `berth fence-arm` does when the daemon has ended (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arming {
+    /// No deadline was seen in this boot: nothing was taken either.
+    NothingToArm,
+    /// The host is shutting down: the drain releases the HA workloads.
+    ShuttingDown,
+    /// Arm the fence timer to elapse this much from now (at least 1 µs:
+    /// a deadline already passed fences at once).
+    After(Duration),
+}
+
+/// `system_state`: the manager's SystemState, if it answered.
+pub fn arming(deadline: Option<Duration>, now: Duration, system_state: Option<&str>) -> Arming {
+    match deadline {
+        None => Arming::NothingToArm,
+        Some(_) if system_state == Some("stopping") => Arming::ShuttingDown,
+        Some(d) => Arming::After(d.saturating_sub(now).max(Duration::from_micros(1))),
+    }
+}
+
 pub fn deadline_path(runtime_dir: &Path) -> PathBuf {
     runtime_dir.join("cluster-fence-deadline")
 }
@@ -362,6 +390,42 @@ mod tests {
                 step(deadline, now, fenced, last),
                 want,
                 "{deadline:?} {now:?} {fenced} {last:?}"
+            );
+        }
+    }
+
+    /// (deadline, now, manager state) → owner-check refuses, fence-arm.
+    #[test]
+    fn the_unit_side_helpers_follow_the_deadline() {
+        let us = Duration::from_micros(1);
+        let cases = [
+            (None, 10 * S, Some("running"), false, Arming::NothingToArm),
+            (None, 10 * S, Some("stopping"), false, Arming::NothingToArm),
+            (
+                Some(20 * S),
+                10 * S,
+                Some("running"),
+                false,
+                Arming::After(10 * S),
+            ),
+            // The manager did not answer: armed all the same (fails safe).
+            (Some(20 * S), 10 * S, None, false, Arming::After(10 * S)),
+            (
+                Some(20 * S),
+                10 * S,
+                Some("stopping"),
+                false,
+                Arming::ShuttingDown,
+            ),
+            (Some(20 * S), 20 * S, Some("degraded"), true, Arming::After(us)),
+            (Some(20 * S), 30 * S, Some("running"), true, Arming::After(us)),
+        ];
+        for (deadline, now, state, refused, armed) in cases {
+            assert_eq!(start_refused(deadline, now), refused, "{deadline:?} {now:?}");
+            assert_eq!(
+                arming(deadline, now, state),
+                armed,
+                "{deadline:?} {now:?} {state:?}"
             );
         }
     }
