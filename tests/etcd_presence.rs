@@ -104,6 +104,26 @@ async fn connected(s: &ClusterSettings) -> etcd_client::Client {
     }
 }
 
+/// Runs `test` on a fresh etcd, given a node's settings (lease TTL
+/// `ttl_s`) and a client once etcd answers. Without etcd it returns at
+/// once, except under CI=true (see [`etcd`]).
+fn with_etcd<F, Fut>(ttl_s: u64, test: F)
+where
+    F: FnOnce(ClusterSettings, etcd_client::Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(etcd) = etcd() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = settings(&etcd.url, ttl_s);
+        let client = connected(&s).await;
+        test(s, client).await;
+    });
+}
+
 async fn value(client: &mut etcd_client::Client, key: &str) -> Option<(String, i64)> {
     let r = client.get(key, None).await.unwrap();
     r.kvs()
@@ -113,14 +133,7 @@ async fn value(client: &mut etcd_client::Client, key: &str) -> Option<(String, i
 
 #[test]
 fn presence_lease_resume_revoke_and_expiry() {
-    let Some(etcd) = etcd() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let s = settings(&etcd.url, 3);
-        let mut client = connected(&s).await;
+    with_etcd(3, |s, mut client| async move {
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let ha = BTreeMap::from([("db".to_string(), "00ff".to_string())]);
@@ -304,14 +317,7 @@ fn presence_lease_resume_revoke_and_expiry() {
 fn the_owner_check_fails_closed() {
     use berth::cluster::keys::Owner;
     use berth::cluster::owner::{NotOwner, confirm};
-    let Some(etcd) = etcd() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let s = settings(&etcd.url, 10);
-        let mut client = connected(&s).await;
+    with_etcd(10, |s, mut client| async move {
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let joined = join::join(
@@ -364,7 +370,6 @@ fn the_owner_check_fails_closed() {
         );
     });
     // etcd gone: refused within the check's limit, not hung.
-    drop(etcd);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -372,7 +377,7 @@ fn the_owner_check_fails_closed() {
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
-            presence::lease_record_path(dir.path()),
+            berth::state::cluster::lease_path(dir.path()),
             r#"{"lease_id": 7, "boot_id": "boot-a"}"#,
         )
         .unwrap();
@@ -394,14 +399,7 @@ fn the_owner_check_fails_closed() {
 fn maintenance_hands_keys_over_and_takes_them_back() {
     use berth::cluster::keys::Owner;
     use berth::cluster::maintenance::{self, Leaving};
-    let Some(etcd) = etcd() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let s = settings(&etcd.url, 10);
-        let mut client = connected(&s).await;
+    with_etcd(10, |s, mut client| async move {
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let joined = join::join(
@@ -514,7 +512,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
             ttl <= 0,
             "the maintenance lease is revoked: the grace ended ({ttl})"
         );
-        assert!(!maintenance::record_path(state_dir.path()).exists());
+        assert!(!berth::state::cluster::maintenance_path(state_dir.path()).exists());
     });
 }
 
@@ -525,14 +523,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
 fn admin_freeze_thaw_and_forget() {
     use berth::cluster::admin::{self, Forgot};
     use berth::cluster::keys::ClusterFreeze;
-    let Some(etcd) = etcd() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let s = settings(&etcd.url, 3);
-        let mut client = connected(&s).await;
+    with_etcd(3, |s, mut client| async move {
         let keys = Keys::new("/berth/");
 
         let (first, rev1) = admin::freeze(&s, "n1", None, "upgrade").await.unwrap();

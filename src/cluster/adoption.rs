@@ -15,18 +15,18 @@
 //! (`shadows`), and `berth thaw` then uncovers it rather than lift both.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use serde::{Deserialize, Serialize};
 
 use super::keys::{ClusterFreeze, Keys};
 use super::session::CALL_TIMEOUT;
 use crate::config::ClusterSettings;
 use crate::events::Events;
 use crate::paths::Root;
+use crate::state::cluster::{self as cluster_files, FreezeRevision as Processed};
 use crate::state::freeze::{self, Adopted, Freeze, Scope};
 
 /// What a freeze key freezes here.
@@ -211,30 +211,15 @@ pub fn seen(keys: &Keys, key: &str, value: &[u8], mod_revision: i64) -> Option<S
     })
 }
 
-/// The last revision of the freeze keys this node processed, and of which
-/// etcd cluster: a store rebuilt from scratch counts revisions anew.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Processed {
-    pub cluster_id: u64,
-    pub revision: i64,
-}
-
-fn processed_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("cluster-freeze-revision")
-}
-
 /// The last processed revision for this etcd cluster (0: none).
 pub fn last_processed(state_dir: &Path, cluster_id: u64) -> i64 {
-    std::fs::read(processed_path(state_dir))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Processed>(&b).ok())
+    cluster_files::read_freeze_revision(state_dir)
         .filter(|p| p.cluster_id == cluster_id)
         .map_or(0, |p| p.revision)
 }
 
 fn save_processed(state_dir: &Path, p: Processed) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(&p).map_err(std::io::Error::from)?;
-    crate::state::atomic::write_json(&processed_path(state_dir), &bytes)
+    cluster_files::write_freeze_revision(state_dir, p)
 }
 
 /// What the adoption task needs.

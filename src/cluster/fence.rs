@@ -17,7 +17,6 @@
 //! predecessor last saw.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,24 +90,9 @@ pub fn arming(deadline: Option<Duration>, now: Duration, system_state: Option<&s
     }
 }
 
-pub fn deadline_path(runtime_dir: &Path) -> PathBuf {
-    runtime_dir.join("cluster-fence-deadline")
-}
-
-/// The deadline a previous daemon of this boot kept (CLOCK_BOOTTIME ms;
-/// the runtime directory does not outlive the boot).
-pub fn read_deadline(runtime_dir: &Path) -> Option<Duration> {
-    let text = std::fs::read_to_string(deadline_path(runtime_dir)).ok()?;
-    text.trim().parse::<u64>().ok().map(Duration::from_millis)
-}
-
-pub(crate) fn write_deadline(runtime_dir: &Path, d: Duration) {
-    let path = deadline_path(runtime_dir);
-    let tmp = path.with_extension("tmp");
-    if std::fs::write(&tmp, format!("{}\n", d.as_millis())).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
-    }
-}
+pub use crate::state::cluster::{
+    read_fence_deadline as read_deadline, write_fence_deadline as write_deadline,
+};
 
 pub struct Context {
     pub settings: ClusterSettings,
@@ -428,15 +412,5 @@ mod tests {
                 "{deadline:?} {now:?} {state:?}"
             );
         }
-    }
-
-    #[test]
-    fn the_deadline_survives_the_daemon_in_the_runtime_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_deadline(dir.path()), None);
-        write_deadline(dir.path(), Duration::from_millis(123_456));
-        assert_eq!(read_deadline(dir.path()), Some(Duration::from_millis(123_456)));
-        std::fs::write(deadline_path(dir.path()), "garbage").unwrap();
-        assert_eq!(read_deadline(dir.path()), None);
     }
 }

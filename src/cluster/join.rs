@@ -63,7 +63,7 @@ pub async fn join_on(
     let lease_id = lease.id;
     presence::write_lease_record(
         state_dir,
-        &presence::LeaseRecord {
+        &crate::state::cluster::LeaseRecord {
             lease_id,
             boot_id: boot_id.to_string(),
         },

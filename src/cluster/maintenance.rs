@@ -17,40 +17,25 @@
 //! maintenance lease is revoked: the grace ends as soon as the daemon is
 //! back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use serde::{Deserialize, Serialize};
 
 use super::keys::{Keys, NodeState, Owner};
 use super::presence;
 use super::session::{ClusterError, boottime};
 use crate::config::ClusterSettings;
+use crate::state::cluster::{self as cluster_files, LeaseRecord};
 
 /// Keys per transaction: two compares each, within etcd 3.4's 128
 /// operations.
 pub const KEYS_PER_TXN: usize = 64;
 
-/// The maintenance lease a daemon left on, with its boot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MaintenanceRecord {
-    pub lease_id: i64,
-    pub boot_id: String,
-}
-
-pub fn record_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("cluster-maintenance.json")
-}
-
-fn read_record(state_dir: &Path) -> Option<MaintenanceRecord> {
-    serde_json::from_slice(&std::fs::read(record_path(state_dir)).ok()?).ok()
-}
-
 /// The maintenance lease of boot `boot_id` that holds this node's keys
 /// (the daemon has not taken them back), if any.
 pub fn maintenance_lease(state_dir: &Path, boot_id: &str) -> Option<i64> {
-    read_record(state_dir)
+    cluster_files::read_maintenance(state_dir)
         .filter(|r| r.boot_id == boot_id)
         .map(|r| r.lease_id)
 }
@@ -167,13 +152,12 @@ pub async fn hand_over(client: &mut Client, leaving: Leaving<'_>) -> Result<Hand
     let maintenance = grant.id();
     let maintenance_deadline =
         (sent + Duration::from_secs(grant.ttl().max(0) as u64)).saturating_sub(settings.fence_margin());
-    let record = MaintenanceRecord {
+    let record = LeaseRecord {
         lease_id: maintenance,
         boot_id: leaving.boot_id.to_string(),
     };
-    let path = record_path(leaving.state_dir);
-    let bytes = serde_json::to_vec(&record).map_err(|e| ClusterError::Local(path.clone(), e.into()))?;
-    crate::state::atomic::write_json(&path, &bytes).map_err(|e| ClusterError::Local(path, e))?;
+    cluster_files::write_maintenance(leaving.state_dir, &record)
+        .map_err(|e| ClusterError::Local(cluster_files::maintenance_path(leaving.state_dir), e))?;
     let mut presence = leaving.presence;
     presence.state = NodeState::Maintenance;
     presence::announce(client, &keys, leaving.node, maintenance, presence).await?;
@@ -205,7 +189,7 @@ pub async fn take_back(
     state_dir: &Path,
     live_lease: i64,
 ) -> Result<usize, ClusterError> {
-    let Some(record) = read_record(state_dir) else {
+    let Some(record) = cluster_files::read_maintenance(state_dir) else {
         return Ok(0);
     };
     let mut moved = 0;
@@ -216,7 +200,7 @@ pub async fn take_back(
     }
     // Gone already when the grace ran out; revoked now otherwise.
     let _ = client.lease_revoke(record.lease_id).await;
-    let _ = std::fs::remove_file(record_path(state_dir));
+    cluster_files::remove_maintenance(state_dir);
     Ok(moved)
 }
 

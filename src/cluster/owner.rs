@@ -83,7 +83,7 @@ pub async fn confirm(
     if record.boot_id != boot_id {
         return Err(NotOwner::NoLease(format!(
             "{} is of an earlier boot",
-            presence::lease_record_path(state_dir).display()
+            crate::state::cluster::lease_path(state_dir).display()
         )));
     }
     let asked = async {

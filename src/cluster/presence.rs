@@ -3,40 +3,26 @@
 //! the node's presence and last state, and its member key.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-use serde::{Deserialize, Serialize};
 
 use super::keys::{Keys, LastState, NodeState, Presence};
 use super::session::{CALL_TIMEOUT, ClusterError, boottime, json};
 use crate::config::ClusterSettings;
+use crate::state::cluster::{self as cluster_files, LeaseRecord};
 use crate::time::rfc3339;
 
-/// The lease a daemon holds, kept under its state directory with the boot
-/// it was granted in: a restart in the same boot resumes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseRecord {
-    pub lease_id: i64,
-    pub boot_id: String,
-}
-
-pub fn lease_record_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("cluster-lease.json")
-}
-
-/// The lease this node recorded, as it is on disk.
+/// The lease this node recorded (`cluster-lease.json`), as it is on disk.
 pub fn read_lease_record(state_dir: &Path) -> Result<LeaseRecord, ClusterError> {
-    let path = lease_record_path(state_dir);
-    let bytes = std::fs::read(&path).map_err(|e| ClusterError::Local(path.clone(), e))?;
-    serde_json::from_slice(&bytes).map_err(|e| ClusterError::Local(path, e.into()))
+    cluster_files::read_lease(state_dir)
+        .map_err(|e| ClusterError::Local(cluster_files::lease_path(state_dir), e))
 }
 
 pub(super) fn write_lease_record(state_dir: &Path, r: &LeaseRecord) -> Result<(), ClusterError> {
-    let path = lease_record_path(state_dir);
-    let bytes = serde_json::to_vec(r).map_err(|e| ClusterError::Local(path.clone(), e.into()))?;
-    crate::state::atomic::write_json(&path, &bytes).map_err(|e| ClusterError::Local(path, e))
+    cluster_files::write_lease(state_dir, r)
+        .map_err(|e| ClusterError::Local(cluster_files::lease_path(state_dir), e))
 }
 
 /// The lease a join is made on.

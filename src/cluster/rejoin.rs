@@ -17,7 +17,7 @@
 //! grace waits again rather than skip it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
@@ -27,18 +27,14 @@ use super::session::CALL_TIMEOUT;
 use crate::config::ClusterSettings;
 use crate::events::Events;
 
-fn marker(runtime_dir: &Path) -> PathBuf {
-    runtime_dir.join("cluster-rejoined")
-}
-
 /// Whether this boot's rejoin is still to do (no mark of this boot).
 pub fn pending(runtime_dir: &Path, boot_id: &str) -> bool {
-    std::fs::read_to_string(marker(runtime_dir)).map_or(true, |t| t.trim() != boot_id)
+    crate::state::cluster::read_rejoined(runtime_dir).is_none_or(|b| b != boot_id)
 }
 
 /// Marks this boot's rejoin as done.
 pub fn done(runtime_dir: &Path, boot_id: &str) -> std::io::Result<()> {
-    crate::state::atomic::write_json(&marker(runtime_dir), boot_id.as_bytes())
+    crate::state::cluster::write_rejoined(runtime_dir, boot_id)
 }
 
 /// The peers this node has not heard.

@@ -346,7 +346,7 @@ mod tests {
         let boot = crate::state::runs::boot_id().unwrap();
         std::fs::create_dir_all(root.state_dir()).unwrap();
         std::fs::write(
-            presence::lease_record_path(&root.state_dir()),
+            crate::state::cluster::lease_path(&root.state_dir()),
             format!("{{\"lease_id\": {lease}, \"boot_id\": \"{boot}\"}}"),
         )
         .unwrap();
@@ -367,7 +367,7 @@ mod tests {
         let live = Release::begin(&root, &loaded, &events).unwrap();
         assert_eq!(live.lease, 7);
         std::fs::write(
-            super::super::maintenance::record_path(&root.state_dir()),
+            crate::state::cluster::maintenance_path(&root.state_dir()),
             format!("{{\"lease_id\": 9, \"boot_id\": \"{boot}\"}}"),
         )
         .unwrap();
@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(held.lease, 9);
         // A maintenance record of an earlier boot is not this node's now.
         std::fs::write(
-            super::super::maintenance::record_path(&root.state_dir()),
+            crate::state::cluster::maintenance_path(&root.state_dir()),
             "{\"lease_id\": 9, \"boot_id\": \"another boot\"}",
         )
         .unwrap();

@@ -6,12 +6,15 @@
 //! - [`drain_report`]: the last drain's report (`last-drain.json`).
 //! - [`runs`]: this run of the manager and the one before (`runs.json`).
 //! - [`manifest`]: what `berth install` did (`install.json`).
+//! - [`cluster`]: cluster mode's files: leases, fence deadline, rejoin
+//!   mark, last adopted freeze revision.
 //! - [`atomic`]: the one atomic replace (temporary file, fsync, rename,
 //!   fsync of the directory) that all of the above write through.
 //! - [`lock`]: the one lock primitive: a workload's lock and the daemon's
 //!   single-instance lock.
 
 pub mod atomic;
+pub mod cluster;
 pub mod drain_report;
 pub mod freeze;
 pub mod lock;

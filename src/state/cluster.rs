@@ -1,0 +1,164 @@
+//! The files cluster mode keeps on the node.
+//!
+//! Under the state directory (they outlive the boot, so each says which
+//! boot or etcd cluster it belongs to):
+//! - `cluster-lease.json`: the live lease and the boot it was granted in;
+//!   a daemon restarted in the same boot resumes it.
+//! - `cluster-maintenance.json`: the maintenance lease a daemon stopped on
+//!   purpose left the node's keys on, and its boot.
+//! - `cluster-freeze-revision`: the etcd cluster's id and the last freeze
+//!   revision this node adopted.
+//!
+//! Under the runtime directory (this boot only):
+//! - `cluster-fence-deadline`: the last fence deadline the daemon saw,
+//!   CLOCK_BOOTTIME ms, for a daemon restarted while etcd is out of reach,
+//!   for `owner-check` and for `fence-arm`.
+//! - `cluster-rejoined`: the boot id whose rejoin grace is over.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::atomic;
+
+/// A lease the node holds, with the boot it was granted in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub lease_id: i64,
+    pub boot_id: String,
+}
+
+pub fn lease_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster-lease.json")
+}
+
+/// The live lease, as recorded.
+pub fn read_lease(state_dir: &Path) -> io::Result<LeaseRecord> {
+    read_json(&lease_path(state_dir))
+}
+
+pub fn write_lease(state_dir: &Path, r: &LeaseRecord) -> io::Result<()> {
+    write_json(&lease_path(state_dir), r)
+}
+
+pub fn maintenance_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster-maintenance.json")
+}
+
+/// The maintenance lease, if one is recorded and readable.
+pub fn read_maintenance(state_dir: &Path) -> Option<LeaseRecord> {
+    read_json(&maintenance_path(state_dir)).ok()
+}
+
+pub fn write_maintenance(state_dir: &Path, r: &LeaseRecord) -> io::Result<()> {
+    write_json(&maintenance_path(state_dir), r)
+}
+
+/// The maintenance is over: its keys came back, or its lease is gone.
+pub fn remove_maintenance(state_dir: &Path) {
+    let _ = std::fs::remove_file(maintenance_path(state_dir));
+}
+
+/// The last freeze revision adopted, and of which etcd cluster: a store
+/// rebuilt from scratch counts revisions anew.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreezeRevision {
+    pub cluster_id: u64,
+    pub revision: i64,
+}
+
+pub fn freeze_revision_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster-freeze-revision")
+}
+
+pub fn read_freeze_revision(state_dir: &Path) -> Option<FreezeRevision> {
+    read_json(&freeze_revision_path(state_dir)).ok()
+}
+
+pub fn write_freeze_revision(state_dir: &Path, r: FreezeRevision) -> io::Result<()> {
+    write_json(&freeze_revision_path(state_dir), &r)
+}
+
+pub fn fence_deadline_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-fence-deadline")
+}
+
+/// The deadline a daemon of this boot last kept (CLOCK_BOOTTIME).
+pub fn read_fence_deadline(runtime_dir: &Path) -> Option<Duration> {
+    let text = std::fs::read_to_string(fence_deadline_path(runtime_dir)).ok()?;
+    text.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// Best effort, and without a sync: it moves every keep-alive interval,
+/// and the runtime directory does not outlive the boot anyway.
+pub fn write_fence_deadline(runtime_dir: &Path, d: Duration) {
+    let path = fence_deadline_path(runtime_dir);
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, format!("{}\n", d.as_millis())).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+pub fn rejoined_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-rejoined")
+}
+
+/// The boot whose rejoin is over, if any.
+pub fn read_rejoined(runtime_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(rejoined_path(runtime_dir)).ok()?;
+    Some(text.trim().to_string())
+}
+
+pub fn write_rejoined(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
+    atomic::write_json(&rejoined_path(runtime_dir), boot_id.as_bytes())
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<T> {
+    serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::from)
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    atomic::write_json(path, &serde_json::to_vec(value).map_err(io::Error::from)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_file_reads_back_what_was_written_and_garbage_reads_as_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let lease = LeaseRecord {
+            lease_id: 7,
+            boot_id: "b".into(),
+        };
+        assert!(read_lease(d).is_err());
+        write_lease(d, &lease).unwrap();
+        assert_eq!(read_lease(d).unwrap(), lease);
+        assert_eq!(read_maintenance(d), None);
+        write_maintenance(d, &lease).unwrap();
+        assert_eq!(read_maintenance(d), Some(lease));
+        remove_maintenance(d);
+        assert_eq!(read_maintenance(d), None);
+        let revision = FreezeRevision {
+            cluster_id: 1,
+            revision: 42,
+        };
+        write_freeze_revision(d, revision).unwrap();
+        assert_eq!(read_freeze_revision(d), Some(revision));
+        assert_eq!(read_fence_deadline(d), None);
+        write_fence_deadline(d, Duration::from_millis(123_456));
+        assert_eq!(read_fence_deadline(d), Some(Duration::from_millis(123_456)));
+        write_rejoined(d, "b").unwrap();
+        assert_eq!(read_rejoined(d).as_deref(), Some("b"));
+        for path in [lease_path(d), freeze_revision_path(d), fence_deadline_path(d)] {
+            std::fs::write(path, "garbage").unwrap();
+        }
+        assert!(read_lease(d).is_err());
+        assert_eq!(read_freeze_revision(d), None);
+        assert_eq!(read_fence_deadline(d), None);
+    }
+}
