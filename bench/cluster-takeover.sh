@@ -29,10 +29,7 @@ trap 'nodes_cleanup; cluster_cleanup' EXIT
 etcd_start
 config_for() {
     local dir=$HARNESS_DIR/config-bench-takeover-$1
-    rm -rf "$dir"
-    mkdir -p "$dir/workloads"
-    printf '[cluster]\nnode = "%s"\nendpoints = ["http://127.0.0.1:%s"]\nlease_ttl_s = %s\n' \
-        "$1" "${RELAY_PORT[$1]}" "$TTL" >"$dir/berth.toml"
+    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL"
     printf 'exec = ["/opt/berth-test/workload", "db", "quick"]\nha = true\nnodes = ["A", "B"]\nstop_delay_s = 1\n' \
         >"$dir/workloads/db.toml"
     echo "$dir"

@@ -47,3 +47,18 @@ relays_stop() {
     done
 }
 cluster_cleanup() { relays_stop; etcd_stop; }
+
+# cluster_config DIR NODE PORT TTL [KEY=VALUE...]: DIR made afresh, with an
+# empty workloads/ and a berth.toml of only a [cluster] section: NODE, its
+# etcd at 127.0.0.1:PORT (the node's relay, or etcd itself), lease_ttl_s
+# TTL, and each further KEY = VALUE as given (TOML: quote strings).
+cluster_config() {
+    local dir=$1 node=$2 port=$3 ttl=$4 setting
+    shift 4
+    rm -rf "$dir"
+    mkdir -p "$dir/workloads"
+    {
+        printf '[cluster]\nnode = "%s"\nendpoints = ["http://127.0.0.1:%s"]\nlease_ttl_s = %s\n' "$node" "$port" "$ttl"
+        for setting in "$@"; do printf '%s = %s\n' "${setting%%=*}" "${setting#*=}"; done
+    } >"$dir/berth.toml"
+}

@@ -19,14 +19,7 @@ daemon_log() { ct journalctl -b -u berth-daemon.service -o cat --no-pager; }
 
 etcd_start
 config=$HARNESS_DIR/config-cluster
-rm -rf "$config"
-mkdir -p "$config/workloads"
-cat >"$config/berth.toml" <<EOF
-[cluster]
-node = "n1"
-endpoints = ["http://127.0.0.1:$ETCD_PORT"]
-lease_ttl_s = 5
-EOF
+cluster_config "$config" n1 "$ETCD_PORT" 5
 printf 'exec = ["/opt/berth-test/workload", "web"]\n' >"$config/workloads/web.toml"
 # n1 is not among db's candidates: its daemon never takes db here (the
 # three-node scenario 28 takes and moves HA workloads); the owner keys

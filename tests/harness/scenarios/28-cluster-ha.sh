@@ -46,15 +46,7 @@ BOUND=38
 etcd_start
 config_for() {
     local dir=$HARNESS_DIR/config-28-$1
-    rm -rf "$dir"
-    mkdir -p "$dir/workloads"
-    cat >"$dir/berth.toml" <<EOF
-[cluster]
-node = "$1"
-endpoints = ["http://127.0.0.1:${RELAY_PORT[$1]}"]
-lease_ttl_s = $TTL
-maintenance_grace_period_s = $GRACE
-EOF
+    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL" maintenance_grace_period_s="$GRACE"
     printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
         "$STOP_DELAY" >"$dir/workloads/db.toml"
     # On n3 only: a workload whose stop takes 8 s, drained before db.

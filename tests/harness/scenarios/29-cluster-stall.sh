@@ -26,10 +26,7 @@ BOUND=38
 etcd_start
 config_for() {
     local dir=$HARNESS_DIR/config-29-$1
-    rm -rf "$dir"
-    mkdir -p "$dir/workloads"
-    printf '[cluster]\nnode = "%s"\nendpoints = ["http://127.0.0.1:%s"]\nlease_ttl_s = %s\n' \
-        "$1" "${RELAY_PORT[$1]}" "$TTL" >"$dir/berth.toml"
+    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL"
     printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2"]\nstop_delay_s = %s\n' \
         "$STOP_DELAY" >"$dir/workloads/db.toml"
     echo "$dir"

@@ -33,16 +33,7 @@ BOUND=36
 etcd_start
 config_for() {
     local dir=$HARNESS_DIR/config-30-$1
-    rm -rf "$dir"
-    mkdir -p "$dir/workloads"
-    cat >"$dir/berth.toml" <<EOF
-[cluster]
-node = "$1"
-endpoints = ["http://127.0.0.1:${RELAY_PORT[$1]}"]
-lease_ttl_s = $TTL
-maintenance_grace_period_s = 10
-rejoin_grace_period_s = $REJOIN
-EOF
+    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL" maintenance_grace_period_s=10 rejoin_grace_period_s="$REJOIN"
     if [ "$1" = n1 ]; then
         printf 'exec = ["/opt/berth-test/workload", "solo"]\n' >"$dir/workloads/solo.toml"
     else

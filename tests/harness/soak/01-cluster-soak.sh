@@ -92,16 +92,8 @@ trap soak_cleanup EXIT
 etcd_start
 config_for() {
     local dir=$HARNESS_DIR/config-soak-$1 w
-    rm -rf "$dir"
-    mkdir -p "$dir/workloads"
-    cat >"$dir/berth.toml" <<EOF
-[cluster]
-node = "$1"
-endpoints = ["http://127.0.0.1:${RELAY_PORT[$1]}"]
-lease_ttl_s = $TTL
-maintenance_grace_period_s = $MAINTENANCE_GRACE
-rejoin_grace_period_s = $REJOIN_GRACE
-EOF
+    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL" \
+        maintenance_grace_period_s="$MAINTENANCE_GRACE" rejoin_grace_period_s="$REJOIN_GRACE"
     for w in "${HA[@]}"; do
         case " ${CANDIDATES[$w]} " in *" $1 "*) ;; *) continue ;; esac
         local list
