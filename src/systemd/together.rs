@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
+use zbus::OwnedObjectPath;
 use zbus::Variant as Value;
 
 use super::connection::{Systemd, Together};
@@ -128,19 +129,9 @@ impl Systemd {
             Ok(mut jobs) => jobs.unwatch_units(units),
             Err(_) => HashMap::new(),
         };
-        let known = match (queued, listed) {
-            (Ok(anchor), Some(Ok(listed))) => {
-                let anchor = super::ops::job(anchor.as_str().to_string()).id;
-                jobs_of(units, anchor, &listed, &removed)
-            }
-            // No answer: the transaction may have been applied, and a
-            // StopUnit each would wait as long again. Each unit fails as
-            // its own StopUnit would have.
-            (Err(e), _) | (_, Some(Err(e))) if e.is_transient() => {
-                return units.iter().map(|_| Err(e.clone())).collect();
-            }
-            // Refused, or queued and not listed: a StopUnit each.
-            _ => vec![None; units.len()],
+        let known = match after_transaction(units, queued, listed, &removed) {
+            Ok(known) => known,
+            Err(e) => return units.iter().map(|_| Err(e.clone())).collect(),
         };
         join_all(units.iter().zip(known).map(|(unit, known)| async move {
             match known {
@@ -152,6 +143,26 @@ impl Systemd {
             }
         }))
         .await
+    }
+}
+
+/// What a batch's transaction and listing leave each unit: its job's
+/// path, or `None` for a StopUnit of its own (refused, or queued and not
+/// listed). No answer to either call fails them all: the transaction may
+/// have been applied, and a StopUnit each would wait as long again.
+fn after_transaction(
+    units: &[String],
+    queued: Result<OwnedObjectPath, SystemdError>,
+    listed: Option<Result<Vec<ListedJob>, SystemdError>>,
+    removed: &HashMap<String, (u32, String)>,
+) -> Result<Vec<Option<String>>, SystemdError> {
+    match (queued, listed) {
+        (Ok(anchor), Some(Ok(listed))) => {
+            let anchor = super::ops::job(anchor.as_str().to_string()).id;
+            Ok(jobs_of(units, anchor, &listed, removed))
+        }
+        (Err(e), _) | (_, Some(Err(e))) if e.is_transient() => Err(e),
+        _ => Ok(vec![None; units.len()]),
     }
 }
 
@@ -186,7 +197,6 @@ fn jobs_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zbus::OwnedObjectPath;
 
     fn listed(id: u32, unit: &str, kind: &str) -> ListedJob {
         let path = |p: String| OwnedObjectPath::try_from(p).unwrap();
@@ -224,5 +234,44 @@ mod tests {
             jobs_of(&units, 10, &listed, &removed),
             vec![path(11), path(3), None, Some("/j/13".to_string()), None, None]
         );
+    }
+
+    #[test]
+    fn a_refused_batch_falls_back_and_an_unanswered_one_fails() {
+        let units: Vec<String> = vec!["a".into(), "b".into()];
+        let anchor = || Ok(OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/10").unwrap());
+        fn refused<T>() -> Result<T, SystemdError> {
+            Err(SystemdError {
+                operation: "StartTransientUnit",
+                unit: "berth-stop-1-0.service".into(),
+                error_name: "org.freedesktop.DBus.Error.InvalidArgs".into(),
+                message: "no".into(),
+            })
+        }
+        fn silent<T>() -> Result<T, SystemdError> {
+            Err(SystemdError::local("ListJobs", "the manager", "no answer"))
+        }
+        let none = HashMap::new();
+        let known = after_transaction(&units, anchor(), Some(Ok(vec![listed(11, "a", "stop")])), &none);
+        assert_eq!(
+            known.unwrap(),
+            vec![Some("/org/freedesktop/systemd1/job/11".into()), None]
+        );
+        let cases = [
+            // Refused: a StopUnit each.
+            (refused(), None, Some(vec![None, None])),
+            (anchor(), Some(refused()), Some(vec![None, None])),
+            // No answer: every stop fails, none is asked again.
+            (silent(), None, None),
+            (anchor(), Some(silent()), None),
+        ];
+        for (queued, listing, want) in cases {
+            let what = format!("{queued:?} {listing:?}");
+            assert_eq!(
+                after_transaction(&units, queued, listing, &none).ok(),
+                want,
+                "{what}"
+            );
+        }
     }
 }
