@@ -13,17 +13,17 @@
 //! on. On standard output, one line per start: `start WORKLOAD UNIX_TIME`
 //! (seconds, wall clock), and `joined LEASE` once joined.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth::cluster::join;
 use berth::cluster::keys::{Keys, Owner};
+use berth::cluster::node::Node;
 use berth::cluster::ownership::Local;
-use berth::cluster::session::{self, LeaseState};
-use berth::cluster::take::{self, Starter};
+use berth::cluster::session;
+use berth::cluster::take::{self, Announced, Starter};
 use berth::config::{self, Workload};
 use berth::events::Events;
 use berth::paths::Root;
@@ -123,22 +123,19 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
         eprintln!("cluster_sim {node}: no [cluster] section");
         return 1;
     };
-    let events = Events::new("berth-sim");
     let boot_id = format!("sim-{node}-{}", std::process::id());
-    let ha: BTreeMap<String, String> = berth::cluster::ha_hashes(&loaded);
+    let mut sim = Node::new(
+        settings.clone(),
+        node.clone(),
+        boot_id,
+        root.clone(),
+        &loaded.workloads,
+    );
+    sim.events = Events::new("berth-sim");
     let (mut client, joined) = loop {
         let attempt = async {
             let mut client = session::connect(&settings).await?;
-            let joined = join::join(
-                &mut client,
-                &settings,
-                &node,
-                &boot_id,
-                &root.state_dir(),
-                ha.clone(),
-                false,
-            )
-            .await?;
+            let joined = join::join(&mut client, &sim).await?;
             Ok::<_, session::ClusterError>((client, joined))
         };
         match attempt.await {
@@ -151,16 +148,11 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
     };
     let lease = joined.lease_id;
     println!("joined {lease:x}");
-    let state = Arc::new(LeaseState::default());
+    let state = sim.lease.clone();
     state.lease.store(lease, std::sync::atomic::Ordering::Relaxed);
     state.set_deadline(joined.deadline);
-    let ha_workloads: Vec<Workload> = loaded
+    let locals = sim
         .workloads
-        .iter()
-        .filter(|w| w.ha.is_some())
-        .cloned()
-        .collect();
-    let locals = ha_workloads
         .iter()
         .filter_map(|w| {
             Some(Local {
@@ -170,20 +162,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             })
         })
         .collect();
-    let announced_waiting = ha.keys().cloned().collect();
-    let ctx = take::Context {
-        settings: settings.clone(),
-        node: node.clone(),
-        root: root.clone(),
-        workloads: ha_workloads,
-        state: state.clone(),
-        events,
-        api: None,
-        boot_id,
-        ha,
-        announced_frozen: false,
-        announced_waiting,
-    };
+    let announced = Announced::at_join(&sim, false);
     let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
         eprintln!("cluster_sim {node}: cannot catch SIGTERM");
         return 1;
@@ -193,7 +172,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             eprintln!("cluster_sim {node}: lease lost ({lost:?})");
             1
         }
-        _ = take::run_with(client.clone(), ctx, lease, locals, Arc::new(Recorder)) => 1,
+        _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder)) => 1,
         _ = term.recv() => {
             match release(&mut client, &settings.prefix, &node, lease).await {
                 Ok(n) => {

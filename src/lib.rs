@@ -3,9 +3,12 @@
 //!
 //! Data flows `config` (load, merge, validate) → `plan` (pure ordering and
 //! budgets) → `render` (the drop-ins' text) → `generator` (writes it);
-//! `unit_text`, the one escaper, lies below them all. The helpers (`autostart`, `drain`, `install`, `live`, `status`) and
-//! the supervisor (`daemon`, `api`) reach systemd only through
-//! `systemd::Ops` and keep their state through `state`. The `berth`
+//! `unit_text`, the one escaper, lies below them all. The helpers
+//! (`autostart`, `drain`, `install`, `live`, `status`), the supervisor
+//! (`daemon`, `api`) and the cluster agent (`cluster`) reach systemd only
+//! through `systemd::Ops` and keep their state through `state`. Cluster
+//! mode joins a drain through `drain::Companion` and stops through
+//! `drain::stop_at_once`, nothing else of the drain's. The `berth`
 //! binary's verbs live in `cli`, one file per verb family.
 
 mod macros;

@@ -9,74 +9,19 @@
 //! says so and passes, except under CI=true, where it fails.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth::cluster::join;
 use berth::cluster::keys::{Keys, LastState, Member, NodeState, Presence};
-use berth::cluster::presence;
+use berth::cluster::node::Node;
 use berth::cluster::session::{self, LeaseState, boottime};
 use berth::config::ClusterSettings;
+use berth::paths::Root;
 
-struct Etcd {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A single-member etcd on loopback, in a fresh data directory; None when
-/// there is no etcd here (a failure under CI=true).
-fn etcd() -> Option<Etcd> {
-    if Command::new("etcd").arg("--version").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "etcd is not installed: CI needs it (make deps installs etcd-server)"
-        );
-        eprintln!("SKIPPED: no etcd binary (install etcd-server, or run make deps)");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (client, peer) = (free_port(), free_port());
-    let url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let child = Command::new("etcd")
-        .args(["--name", "t", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
-        .args(["--initial-cluster", &format!("t={peer_url}")])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
-        .spawn()
-        .unwrap();
-    Some(Etcd {
-        child,
-        url,
-        _dir: dir,
-    })
-}
+#[path = "../src/testing/etcd.rs"]
+mod fixture;
+use fixture::etcd;
 
 fn settings(url: &str, ttl: u64) -> ClusterSettings {
     ClusterSettings {
@@ -124,6 +69,20 @@ where
     });
 }
 
+/// Node `name` of boot `boot`, its root in `dir`, its HA workloads (and
+/// their hashes) `ha`.
+fn node(
+    s: &ClusterSettings,
+    name: &str,
+    boot: &str,
+    dir: &tempfile::TempDir,
+    ha: BTreeMap<String, String>,
+) -> Node {
+    let mut node = Node::new(s.clone(), name.into(), boot.into(), Root::new(dir.path()), &[]);
+    node.ha = ha;
+    node
+}
+
 async fn value(client: &mut etcd_client::Client, key: &str) -> Option<(String, i64)> {
     let r = client.get(key, None).await.unwrap();
     r.kvs()
@@ -139,17 +98,9 @@ fn presence_lease_resume_revoke_and_expiry() {
         let ha = BTreeMap::from([("db".to_string(), "00ff".to_string())]);
 
         // Join: presence on the lease, last state and member persistent.
-        let first = join::join(
-            &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            ha.clone(),
-            false,
-        )
-        .await
-        .unwrap();
+        let first = join::join(&mut client, &node(&s, "n1", "boot-a", &state_dir, ha.clone()))
+            .await
+            .unwrap();
         assert!(!first.resumed);
         assert_eq!(first.granted_ttl_s, 3);
         let (text, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
@@ -196,17 +147,9 @@ fn presence_lease_resume_revoke_and_expiry() {
         );
 
         // A restart within the same boot resumes the lease.
-        let again = join::join(
-            &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            ha.clone(),
-            false,
-        )
-        .await
-        .unwrap();
+        let again = join::join(&mut client, &node(&s, "n1", "boot-a", &state_dir, ha.clone()))
+            .await
+            .unwrap();
         assert!(again.resumed);
         assert_eq!(again.lease_id, first.lease_id);
         let (text, _) = value(&mut client, &keys.member("n1")).await.unwrap();
@@ -225,17 +168,9 @@ fn presence_lease_resume_revoke_and_expiry() {
         // would give a deadline at most 2 - 1.2 s past the join's start.
         tokio::time::sleep(Duration::from_millis(800)).await;
         let sent = boottime();
-        let late = join::join(
-            &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            ha.clone(),
-            false,
-        )
-        .await
-        .unwrap();
+        let late = join::join(&mut client, &node(&s, "n1", "boot-a", &state_dir, ha.clone()))
+            .await
+            .unwrap();
         assert!(late.resumed);
         assert!(
             late.deadline >= sent + Duration::from_millis(1800),
@@ -254,17 +189,9 @@ fn presence_lease_resume_revoke_and_expiry() {
 
         // After a new boot the old lease is revoked at once, not left to
         // expire, and a new one granted.
-        let after_boot = join::join(
-            &mut client,
-            &s,
-            "n1",
-            "boot-b",
-            state_dir.path(),
-            ha.clone(),
-            false,
-        )
-        .await
-        .unwrap();
+        let after_boot = join::join(&mut client, &node(&s, "n1", "boot-b", &state_dir, ha.clone()))
+            .await
+            .unwrap();
         assert!(!after_boot.resumed);
         assert_ne!(after_boot.lease_id, first.lease_id);
         let old_ttl = client
@@ -322,12 +249,7 @@ fn the_owner_check_fails_closed() {
         let state_dir = tempfile::tempdir().unwrap();
         let joined = join::join(
             &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            BTreeMap::new(),
-            false,
+            &node(&s, "n1", "boot-a", &state_dir, BTreeMap::new()),
         )
         .await
         .unwrap();
@@ -339,7 +261,8 @@ fn the_owner_check_fails_closed() {
             })
             .unwrap()
         };
-        let check = || confirm(&s, "n1", "db", state_dir.path(), "boot-a");
+        let state = Root::new(state_dir.path()).state_dir();
+        let check = || confirm(&s, "n1", "db", &state, "boot-a");
 
         assert_eq!(check().await, Err(NotOwner::NoOwner));
         client.put(keys.owner("db"), owner("n2"), None).await.unwrap();
@@ -357,7 +280,7 @@ fn the_owner_check_fails_closed() {
         assert_eq!(check().await, Ok(()), "the owner, on its live lease");
         assert!(
             matches!(
-                confirm(&s, "n1", "db", state_dir.path(), "boot-b").await,
+                confirm(&s, "n1", "db", &state, "boot-b").await,
                 Err(NotOwner::NoLease(_))
             ),
             "a lease record of an earlier boot"
@@ -398,18 +321,13 @@ fn the_owner_check_fails_closed() {
 #[test]
 fn maintenance_hands_keys_over_and_takes_them_back() {
     use berth::cluster::keys::Owner;
-    use berth::cluster::maintenance::{self, Leaving};
+    use berth::cluster::maintenance;
     with_etcd(10, |s, mut client| async move {
         let keys = Keys::new("/berth/");
         let state_dir = tempfile::tempdir().unwrap();
         let joined = join::join(
             &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            BTreeMap::new(),
-            false,
+            &node(&s, "n1", "boot-a", &state_dir, BTreeMap::new()),
         )
         .await
         .unwrap();
@@ -442,15 +360,9 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
 
         let handed = maintenance::hand_over(
             &mut client,
-            Leaving {
-                settings: &s,
-                node: "n1",
-                boot_id: "boot-a",
-                state_dir: state_dir.path(),
-                live_lease: live,
-                live_deadline: Some(boottime() + Duration::from_secs(6)),
-                presence: presence::presence(NodeState::Up, "boot-a", BTreeMap::new(), false),
-            },
+            &node(&s, "n1", "boot-a", &state_dir, BTreeMap::new()),
+            live,
+            Some(boottime() + Duration::from_secs(6)),
         )
         .await
         .unwrap();
@@ -486,12 +398,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
         // Back within the grace, same boot: a new live lease, the keys on it.
         let back = join::join(
             &mut client,
-            &s,
-            "n1",
-            "boot-a",
-            state_dir.path(),
-            BTreeMap::new(),
-            false,
+            &node(&s, "n1", "boot-a", &state_dir, BTreeMap::new()),
         )
         .await
         .unwrap();
@@ -512,7 +419,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
             ttl <= 0,
             "the maintenance lease is revoked: the grace ended ({ttl})"
         );
-        assert!(!berth::state::cluster::maintenance_path(state_dir.path()).exists());
+        assert!(!berth::state::cluster::maintenance_path(&Root::new(state_dir.path()).state_dir()).exists());
     });
 }
 
@@ -556,12 +463,7 @@ fn admin_freeze_thaw_and_forget() {
         let state_dir = tempfile::tempdir().unwrap();
         let joined = join::join(
             &mut client,
-            &s,
-            "n2",
-            "boot-a",
-            state_dir.path(),
-            BTreeMap::new(),
-            false,
+            &node(&s, "n2", "boot-a", &state_dir, BTreeMap::new()),
         )
         .await
         .unwrap();

@@ -26,7 +26,8 @@ pub(super) fn run(root: &Root) -> i32 {
             Ok(sd) => {
                 // In cluster mode, owner keys are released as workloads go
                 // down, and HA workloads fenced at the lease deadline.
-                crate::cluster::release::drain(&sd, root, &loaded, &events, began, || {
+                let release = crate::cluster::release::Release::begin(root, &loaded, &events);
+                drain::run_with(&sd, root, &loaded, &events, began, release, || {
                     cluster_wait_until(began, &loaded)
                 })
                 .await;

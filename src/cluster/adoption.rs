@@ -16,16 +16,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 
 use super::keys::{ClusterFreeze, Keys};
+use super::node::Node;
 use super::session::CALL_TIMEOUT;
-use crate::config::ClusterSettings;
-use crate::events::Events;
-use crate::paths::Root;
 use crate::state::cluster::{self as cluster_files, FreezeRevision as Processed};
 use crate::state::freeze::{self, Adopted, Freeze, Scope};
 
@@ -222,15 +219,6 @@ fn save_processed(state_dir: &Path, p: Processed) -> std::io::Result<()> {
     cluster_files::write_freeze_revision(state_dir, p)
 }
 
-/// What the adoption task needs.
-pub struct Context {
-    pub settings: ClusterSettings,
-    pub root: Root,
-    pub configured: BTreeSet<String>,
-    pub events: Events,
-    pub api: Option<Arc<crate::api::Shared>>,
-}
-
 /// How the journal words an adoption: at the join (the daemon was down,
 /// or had not joined) or as the watch brings it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,7 +328,7 @@ fn taken_by(flag: &Freeze) -> String {
 
 /// Applies the actions; whether every one landed (the revision is saved
 /// only then, so that the next start tries again).
-fn apply(ctx: &Context, actions: &[Action], when: When) -> bool {
+fn apply(node: &Node, actions: &[Action], when: When) -> bool {
     let mut ok = true;
     for action in actions {
         // Each looks at the flag again just before: `berth freeze` or
@@ -350,40 +338,40 @@ fn apply(ctx: &Context, actions: &[Action], when: When) -> bool {
                 target.name()
             }
         };
-        let done = match (action, freeze::current(&ctx.root, name)) {
+        let done = match (action, freeze::current(&node.root, name)) {
             (Action::Adopt { flag, .. }, Some(mut own)) if !own.is_adopted() => {
                 own.shadows = Some(Box::new(flag.clone()));
-                freeze::write(&ctx.root, name, &own)
+                freeze::write(&node.root, name, &own)
             }
-            (Action::Adopt { flag, .. }, _) => freeze::write(&ctx.root, name, flag),
-            (Action::Clear { .. }, Some(f)) if f.is_adopted() => freeze::remove(&ctx.root, name).map(|_| ()),
+            (Action::Adopt { flag, .. }, _) => freeze::write(&node.root, name, flag),
+            (Action::Clear { .. }, Some(f)) if f.is_adopted() => freeze::remove(&node.root, name).map(|_| ()),
             (Action::Clear { .. }, _) => continue,
             (Action::Cover { covered, .. }, Some(mut own)) if !own.is_adopted() => {
                 own.shadows = covered.clone();
-                freeze::write(&ctx.root, name, &own)
+                freeze::write(&node.root, name, &own)
             }
             (
                 Action::Cover {
                     covered: Some(flag), ..
                 },
                 _,
-            ) => freeze::write(&ctx.root, name, flag),
+            ) => freeze::write(&node.root, name, flag),
             (Action::Cover { covered: None, .. }, _) => continue,
         };
         match done {
             // The lines the issue names are said as they are: no prefix.
-            Ok(()) => ctx.events.info(&said(action, when)),
+            Ok(()) => node.events.info(&said(action, when)),
             Err(e) => {
                 ok = false;
-                ctx.events
+                node.events
                     .warn(&format!("cluster: cannot apply \"{}\": {e}", said(action, when)));
             }
         }
     }
     if !actions.is_empty()
-        && let Some(api) = &ctx.api
+        && let Some(api) = &node.api
     {
-        api.set_freezes(freeze::all(&ctx.root));
+        api.set_freezes(freeze::all(&node.root));
     }
     ok
 }
@@ -391,8 +379,8 @@ fn apply(ctx: &Context, actions: &[Action], when: When) -> bool {
 /// Lists the freeze keys and adopts; returns the revision to watch from
 /// and the etcd cluster's id, and whether every change landed; None when
 /// etcd did not answer.
-async fn listing(client: &mut Client, ctx: &Context, when: When) -> Option<((i64, u64), bool)> {
-    let keys = Keys::new(&ctx.settings.prefix);
+async fn listing(client: &mut Client, node: &Node, when: When) -> Option<((i64, u64), bool)> {
+    let keys = &node.keys;
     let got = tokio::time::timeout(
         CALL_TIMEOUT,
         client.get(keys.freezes(), Some(GetOptions::new().with_prefix())),
@@ -404,21 +392,21 @@ async fn listing(client: &mut Client, ctx: &Context, when: When) -> Option<((i64
     let all: Vec<Seen> = r
         .kvs()
         .iter()
-        .filter_map(|kv| seen(&keys, kv.key_str().ok()?, kv.value(), kv.mod_revision()))
+        .filter_map(|kv| seen(keys, kv.key_str().ok()?, kv.value(), kv.mod_revision()))
         .collect();
-    let state_dir = ctx.root.state_dir();
+    let state_dir = node.root.state_dir();
     let last = last_processed(&state_dir, cluster_id);
-    let flags = freeze::flags(&ctx.root);
+    let flags = freeze::flags(&node.root);
     let local = Local {
         node: flags.node.as_ref(),
         instances: &flags.instances,
-        configured: &ctx.configured,
+        configured: &node.configured,
     };
     let mut actions = adopt(&all, last, &local, SystemTime::now());
     actions.extend(vanished(&all, &local));
-    let applied = apply(ctx, &actions, when);
+    let applied = apply(node, &actions, when);
     if applied && let Err(e) = save_processed(&state_dir, Processed { cluster_id, revision }) {
-        ctx.events.warn(&format!(
+        node.events.warn(&format!(
             "cluster: cannot record the freeze revision processed: {e}"
         ));
     }
@@ -427,11 +415,11 @@ async fn listing(client: &mut Client, ctx: &Context, when: When) -> Option<((i64
 
 /// The listing at a join: keys changed while the daemon was down (its
 /// first join) or had lost its lease. Tried again every second until etcd answers.
-pub async fn first(client: &mut Client, ctx: &Context, when: When) -> (i64, u64) {
+pub async fn first(client: &mut Client, node: &Node, when: When) -> (i64, u64) {
     loop {
         // A change that did not land is tried again by the watch's
         // next listing; the grace and the taking go on meanwhile.
-        if let Some((done, _)) = listing(client, ctx, when).await {
+        if let Some((done, _)) = listing(client, node, when).await {
             return done;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -440,9 +428,9 @@ pub async fn first(client: &mut Client, ctx: &Context, when: When) -> (i64, u64)
 
 /// Watches the freeze keys from `from` on, adopting and clearing as they
 /// change; lists again when the watch breaks. Never ends.
-pub async fn watch(mut client: Client, ctx: Context, from: (i64, u64)) {
-    let keys = Keys::new(&ctx.settings.prefix);
-    let state_dir = ctx.root.state_dir();
+pub async fn watch(mut client: Client, node: &Node, from: (i64, u64)) {
+    let keys = &node.keys;
+    let state_dir = node.root.state_dir();
     let (mut revision, mut cluster_id) = from;
     loop {
         let options = WatchOptions::new()
@@ -457,28 +445,28 @@ pub async fn watch(mut client: Client, ctx: Context, from: (i64, u64)) {
                 for ev in r.events() {
                     let Some(kv) = ev.kv() else { continue };
                     let Ok(key) = kv.key_str() else { continue };
-                    let Some(s) = seen(&keys, key, kv.value(), kv.mod_revision()) else {
+                    let Some(s) = seen(keys, key, kv.value(), kv.mod_revision()) else {
                         continue;
                     };
-                    let flags = freeze::flags(&ctx.root);
+                    let flags = freeze::flags(&node.root);
                     let local = Local {
                         node: flags.node.as_ref(),
                         instances: &flags.instances,
-                        configured: &ctx.configured,
+                        configured: &node.configured,
                     };
                     let actions = if ev.event_type() == EventType::Delete {
                         deleted(&s.target, &local).into_iter().collect()
                     } else {
                         adopt(std::slice::from_ref(&s), revision, &local, SystemTime::now())
                     };
-                    if !apply(&ctx, &actions, When::Now) {
+                    if !apply(node, &actions, When::Now) {
                         // Not recorded as processed: the listing below
                         // (and each next one) tries again.
                         break 'stream;
                     }
                     revision = revision.max(kv.mod_revision());
                     if let Err(e) = save_processed(&state_dir, Processed { cluster_id, revision }) {
-                        ctx.events.warn(&format!(
+                        node.events.warn(&format!(
                             "cluster: cannot record the freeze revision processed: {e}"
                         ));
                     }
@@ -489,7 +477,7 @@ pub async fn watch(mut client: Client, ctx: Context, from: (i64, u64)) {
         // applied: list again until a listing is applied in full.
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            if let Some((done, true)) = listing(&mut client, &ctx, When::Now).await {
+            if let Some((done, true)) = listing(&mut client, node, When::Now).await {
                 (revision, cluster_id) = done;
                 break;
             }

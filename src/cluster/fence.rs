@@ -17,21 +17,19 @@
 //! predecessor last saw.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn};
 
-use super::keys::{self, Keys};
-use super::session::{LeaseState, boottime};
-use crate::config::{ClusterSettings, Workload};
-use crate::drain::execute::stop_one;
-use crate::drain::plan::Target;
-use crate::drain::report::{log_outcome, write_record_as};
+use super::keys;
+use super::node::Node;
+use super::session::{self, boottime};
+use crate::config::Workload;
 use crate::events::Events;
 use crate::paths::Root;
 use crate::state::records::{self, RecordState, TransitionReason};
-use crate::systemd::{Ops, Systemd};
+use crate::systemd::Ops;
 
 /// What the fence does on this look (pure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,19 +92,10 @@ pub use crate::state::cluster::{
     read_fence_deadline as read_deadline, write_fence_deadline as write_deadline,
 };
 
-pub struct Context {
-    pub settings: ClusterSettings,
-    pub root: Root,
-    /// The node's HA workloads.
-    pub workloads: Vec<Workload>,
-    pub state: Arc<LeaseState>,
-    pub events: Events,
-}
-
-/// Runs until the process ends, looking every 100 ms.
-pub async fn run(ctx: Context) {
-    let sd = super::systemd_for(&ctx.root, &ctx.events, "the fence", Duration::from_secs(1)).await;
-    let runtime_dir = ctx.root.runtime_dir();
+/// Runs until the process ends, looking every 100 ms, on a `LocalSet`.
+pub async fn run<O: Ops + 'static>(node: &Node, ops: Rc<O>) {
+    let sd = &*ops;
+    let runtime_dir = node.root.runtime_dir();
     // What a fence stopped, this daemon's or the timer's (`berth fence`,
     // maybe while no daemon ran): read from the records, each stop once
     // (by its transition generation).
@@ -122,7 +111,7 @@ pub async fn run(ctx: Context) {
     let mut settled = 0;
     loop {
         let now = boottime();
-        let deadline = ctx.state.deadline();
+        let deadline = node.lease.deadline();
         if deadline != written
             && let Some(d) = deadline
         {
@@ -131,8 +120,8 @@ pub async fn run(ctx: Context) {
         }
         if now.saturating_sub(last_scan) >= Duration::from_secs(1) {
             last_scan = now;
-            for w in &ctx.workloads {
-                let Ok(Some(r)) = records::load(&ctx.root, &w.name) else {
+            for w in &node.workloads {
+                let Ok(Some(r)) = records::load(&node.root, &w.name) else {
                     continue;
                 };
                 if r.state == RecordState::Stopped
@@ -148,18 +137,18 @@ pub async fn run(ctx: Context) {
             Step::Fence => {
                 let quiet = last_fence.is_some();
                 last_fence = Some(now);
-                fenced.extend(fence_now(&sd, &ctx.root, &ctx.workloads, &ctx.events, quiet).await);
+                fenced.extend(fence_now(sd, &node.root, &node.workloads, &node.events, quiet).await);
             }
             Step::Lift if now.saturating_sub(last_lift) >= Duration::from_secs(1) => {
                 last_lift = now;
-                lift(&sd, &ctx, &mut client, &mut fenced).await;
+                lift(&ops, node, &mut client, &mut fenced).await;
             }
             _ => {}
         }
         if deadline.is_some_and(|d| boottime() < d) {
             last_fence = None;
-            let lease = ctx.state.lease_id();
-            if lease != 0 && settled != lease && settle(&sd, &ctx, &mut client, lease).await {
+            let lease = node.lease.lease_id();
+            if lease != 0 && settled != lease && settle(sd, node, &mut client, lease).await {
                 settled = lease;
             }
         }
@@ -172,34 +161,37 @@ pub async fn run(ctx: Context) {
 /// here without its key on this lease (the old lease expired or was
 /// revoked while it ran) is stopped, as the fence would have. False when
 /// etcd could not be asked: the next look tries again.
-async fn settle(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, lease: i64) -> bool {
+async fn settle<O: Ops>(sd: &O, node: &Node, client: &mut Option<Client>, lease: i64) -> bool {
     if sd.stop(&format!("{TIMER}.timer")).await.is_ok() {
-        ctx.events.info(&format!(
+        node.events.info(&format!(
             "cluster: disarmed {TIMER}.timer: lease {lease:x} is alive"
         ));
     }
-    let running = running_of(sd, &ctx.workloads).await;
+    let running = running_of(sd, &node.workloads).await;
     if running.is_empty() {
         return true;
     }
-    let Some(c) = connected(ctx, client).await else {
+    let Some(c) = connected(node, client).await else {
         return false;
     };
-    let keys = Keys::new(&ctx.settings.prefix);
     let mut strays = Vec::new();
     for w in running {
-        let txn = Txn::new().when(vec![Compare::lease(keys.owner(&w.name), CompareOp::Equal, lease)]);
-        match tokio::time::timeout(Duration::from_secs(5), c.txn(txn)).await {
-            Ok(Ok(r)) if r.succeeded() => {}
-            Ok(Ok(_)) => strays.push(w),
-            _ => {
+        let txn = Txn::new().when(vec![Compare::lease(
+            node.keys.owner(&w.name),
+            CompareOp::Equal,
+            lease,
+        )]);
+        match session::within(session::CALL_TIMEOUT, c.txn(txn)).await {
+            Ok(r) if r.succeeded() => {}
+            Ok(_) => strays.push(w),
+            Err(_) => {
                 *client = None;
                 return false;
             }
         }
     }
     if !strays.is_empty() {
-        ctx.events.warn(&format!(
+        node.events.warn(&format!(
             "cluster: {} run here without their owner key on lease {lease:x}: stopping them",
             strays
                 .iter()
@@ -207,7 +199,7 @@ async fn settle(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, lease:
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        fence_now(sd, &ctx.root, &strays, &ctx.events, true).await;
+        fence_now(sd, &node.root, &strays, &node.events, true).await;
     }
     true
 }
@@ -224,15 +216,11 @@ async fn running_of<O: Ops>(sd: &O, workloads: &[Workload]) -> Vec<Workload> {
 }
 
 /// The cached etcd client, connected when there is none.
-async fn connected<'c>(ctx: &Context, client: &'c mut Option<Client>) -> Option<&'c mut Client> {
+async fn connected<'c>(node: &Node, client: &'c mut Option<Client>) -> Option<&'c mut Client> {
     if client.is_none() {
-        *client = tokio::time::timeout(
-            super::session::CALL_TIMEOUT,
-            super::session::connect(&ctx.settings),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok);
+        *client = session::within(session::CALL_TIMEOUT, session::connect(&node.settings))
+            .await
+            .ok();
     }
     client.as_mut()
 }
@@ -268,30 +256,13 @@ pub async fn fence_now<O: Ops>(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let began = tokio::time::Instant::now();
-    let stops = running.iter().map(|w| {
-        let bound = sd_bound(w);
-        stop_one(
-            sd,
-            Target::from_workload(w, true),
-            Some(root),
-            began,
-            began + bound,
-        )
-    });
-    let results = futures_util::future::join_all(stops).await;
-    let mut stopped = Vec::new();
-    for (r, lock) in results {
-        events.recorded(
-            &r.workload,
-            write_record_as(root, &r, lock.as_ref(), TransitionReason::Fence),
-        );
-        log_outcome(&r, events);
-        if r.outcome.stopped_it() || r.outcome.is_down() {
-            stopped.push(r.workload);
-        }
-    }
-    stopped
+    let stops = running.iter().map(|w| (w, sd_bound(w))).collect();
+    crate::drain::stop_at_once(sd, root, stops, TransitionReason::Fence, events)
+        .await
+        .into_iter()
+        .filter(|r| r.outcome.stopped_it() || r.outcome.is_down())
+        .map(|r| r.workload)
+        .collect()
 }
 
 /// How long the fence gives a workload before forcing it: its stop delay,
@@ -302,44 +273,49 @@ fn sd_bound(w: &Workload) -> Duration {
 
 /// Starts again what the fence stopped, each only when its owner key is
 /// still on this node's live lease.
-async fn lift(sd: &Systemd, ctx: &Context, client: &mut Option<Client>, fenced: &mut BTreeSet<String>) {
-    let lease = ctx.state.lease_id();
+async fn lift<O: Ops + 'static>(
+    ops: &Rc<O>,
+    node: &Node,
+    client: &mut Option<Client>,
+    fenced: &mut BTreeSet<String>,
+) {
+    let lease = node.lease.lease_id();
     if lease == 0 {
         return;
     }
-    let Some(c) = connected(ctx, client).await else {
+    let Some(c) = connected(node, client).await else {
         return;
     };
-    let keys = Keys::new(&ctx.settings.prefix);
     for name in fenced.clone() {
-        let key = keys.owner(&name);
+        let key = node.keys.owner(&name);
         let txn = Txn::new().when(vec![Compare::lease(key.as_str(), CompareOp::Equal, lease)]);
-        match tokio::time::timeout(Duration::from_secs(5), c.txn(txn)).await {
-            Ok(Ok(r)) if r.succeeded() => {
+        match session::within(session::CALL_TIMEOUT, c.txn(txn)).await {
+            Ok(r) if r.succeeded() => {
                 fenced.remove(&name);
-                ctx.events.info(&format!(
+                node.events.info(&format!(
                     "cluster: fence lifted: {name}'s owner key is still on lease {lease:x}; starting it again"
                 ));
                 // On a task of its own: a start may take long, and the
                 // fence must keep looking meanwhile.
-                if let Some(w) = ctx.workloads.iter().find(|w| w.name == name).cloned() {
-                    let (sd, root) = (sd.clone(), ctx.root.clone());
-                    tokio::spawn(async move {
+                if let Some(w) = node.workload(&name).cloned() {
+                    let (ops, root) = (ops.clone(), node.root.clone());
+                    tokio::task::spawn_local(async move {
                         let events = Events::new("berth-daemon");
-                        crate::autostart::start_one(&sd, &root, &w, TransitionReason::HaTake, &events).await;
+                        crate::autostart::start_one(&*ops, &root, &w, TransitionReason::HaTake, &events)
+                            .await;
                     });
                 }
             }
-            Ok(Ok(_)) => {
+            Ok(_) => {
                 fenced.remove(&name);
-                ctx.events.info(&format!(
+                node.events.info(&format!(
                     "cluster: {name} stays stopped: its owner key is no longer on this node's lease {lease:x} \
                      (its takers decide)"
                 ));
             }
             // etcd out of reach, or a connection that stopped answering:
             // a fresh one at the next look.
-            _ => {
+            Err(_) => {
                 *client = None;
                 return;
             }

@@ -3,17 +3,15 @@
 //! last state and (once) member key put. Its own file because it is the
 //! one step that uses both the presence and the maintenance hand-over.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
-use super::keys::{Keys, Member, NodeState};
+use super::keys::{Member, NodeState};
 use super::maintenance;
+use super::node::Node;
 use super::presence;
 use super::session::{ClusterError, json};
-use crate::config::ClusterSettings;
 use crate::time::rfc3339;
 
 /// What a node joined with.
@@ -33,50 +31,37 @@ pub struct Joined {
 }
 
 /// Takes the node's lease ([`presence::take_lease`]) and joins on it ([`join_on`]).
-pub async fn join(
-    client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    boot_id: &str,
-    state_dir: &Path,
-    ha: BTreeMap<String, String>,
-    frozen: bool,
-) -> Result<Joined, ClusterError> {
-    let lease = presence::take_lease(client, settings, boot_id, state_dir).await?;
-    join_on(client, settings, node, boot_id, state_dir, ha, frozen, lease).await
+pub async fn join(client: &mut Client, node: &Node) -> Result<Joined, ClusterError> {
+    let lease = presence::take_lease(client, &node.settings, &node.boot_id, &node.root.state_dir()).await?;
+    join_on(client, node, lease).await
 }
 
 /// Records `lease` as the node's, and puts its presence, its last state
 /// and, the first time, its member key.
-#[allow(clippy::too_many_arguments)]
 pub async fn join_on(
     client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    boot_id: &str,
-    state_dir: &Path,
-    ha: BTreeMap<String, String>,
-    frozen: bool,
+    node: &Node,
     lease: presence::Lease,
 ) -> Result<Joined, ClusterError> {
-    let keys = Keys::new(&settings.prefix);
+    let (keys, state_dir) = (&node.keys, node.root.state_dir());
     let lease_id = lease.id;
     presence::write_lease_record(
-        state_dir,
+        &state_dir,
         &crate::state::cluster::LeaseRecord {
             lease_id,
-            boot_id: boot_id.to_string(),
+            boot_id: node.boot_id.clone(),
         },
     )?;
     // Back from maintenance: the keys it left on its maintenance lease
     // come back onto the live one, and the grace ends now.
-    let taken_back = maintenance::take_back(client, settings, node, boot_id, state_dir, lease_id).await?;
+    let taken_back = maintenance::take_back(client, node, lease_id).await?;
     // Until its first listing says otherwise, the node waits for every
     // HA workload it has (it did not see any owner key go): a peer that
     // did see one go takes it first (placement).
-    let mut joining = presence::presence(NodeState::Up, boot_id, ha, frozen);
+    let mut joining = node.presence(NodeState::Up);
+    let frozen = joining.frozen;
     joining.waiting = joining.ha.keys().cloned().collect();
-    presence::announce(client, &keys, node, lease_id, joining).await?;
+    presence::announce(client, keys, &node.name, lease_id, joining).await?;
     let member = Member {
         joined_at: rfc3339(std::time::SystemTime::now()),
     };
@@ -85,11 +70,11 @@ pub async fn join_on(
         .txn(
             Txn::new()
                 .when(vec![Compare::create_revision(
-                    keys.member(node),
+                    keys.member(&node.name),
                     CompareOp::Equal,
                     0,
                 )])
-                .and_then(vec![TxnOp::put(keys.member(node), json(&member), None)]),
+                .and_then(vec![TxnOp::put(keys.member(&node.name), json(&member), None)]),
         )
         .await?;
     Ok(Joined {

@@ -23,9 +23,9 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::keys::{Keys, NodeState, Owner};
+use super::node::Node;
 use super::presence;
 use super::session::{ClusterError, boottime};
-use crate::config::ClusterSettings;
 use crate::state::cluster::{self as cluster_files, LeaseRecord};
 
 /// Keys per transaction: two compares each, within etcd 3.4's 128
@@ -130,21 +130,15 @@ pub struct HandedOver {
     pub deadline: Option<Duration>,
 }
 
-/// What a hand-over needs.
-pub struct Leaving<'a> {
-    pub settings: &'a ClusterSettings,
-    pub node: &'a str,
-    pub boot_id: &'a str,
-    pub state_dir: &'a Path,
-    pub live_lease: i64,
-    pub live_deadline: Option<Duration>,
-    pub presence: super::keys::Presence,
-}
-
-/// Hands the node's keys to a maintenance lease (see the module's text).
-pub async fn hand_over(client: &mut Client, leaving: Leaving<'_>) -> Result<HandedOver, ClusterError> {
-    let settings = leaving.settings;
-    let keys = Keys::new(&settings.prefix);
+/// Hands the node's keys on `live_lease` (whose deadline is
+/// `live_deadline`) to a maintenance lease (see the module's text).
+pub async fn hand_over(
+    client: &mut Client,
+    node: &Node,
+    live_lease: i64,
+    live_deadline: Option<Duration>,
+) -> Result<HandedOver, ClusterError> {
+    let (settings, keys, state_dir) = (&node.settings, &node.keys, node.root.state_dir());
     let sent = boottime();
     let grant = client
         .lease_grant(settings.maintenance_grace_period_s as i64, None)
@@ -154,24 +148,23 @@ pub async fn hand_over(client: &mut Client, leaving: Leaving<'_>) -> Result<Hand
         (sent + Duration::from_secs(grant.ttl().max(0) as u64)).saturating_sub(settings.fence_margin());
     let record = LeaseRecord {
         lease_id: maintenance,
-        boot_id: leaving.boot_id.to_string(),
+        boot_id: node.boot_id.clone(),
     };
-    cluster_files::write_maintenance(leaving.state_dir, &record)
-        .map_err(|e| ClusterError::Local(cluster_files::maintenance_path(leaving.state_dir), e))?;
-    let mut presence = leaving.presence;
-    presence.state = NodeState::Maintenance;
-    presence::announce(client, &keys, leaving.node, maintenance, presence).await?;
-    let mine = held(client, &keys, leaving.node, leaving.live_lease).await?;
-    let moved = move_keys(client, &mine, leaving.live_lease, maintenance).await;
+    cluster_files::write_maintenance(&state_dir, &record)
+        .map_err(|e| ClusterError::Local(cluster_files::maintenance_path(&state_dir), e))?;
+    let presence = node.presence(NodeState::Maintenance);
+    presence::announce(client, keys, &node.name, maintenance, presence).await?;
+    let mine = held(client, keys, &node.name, live_lease).await?;
+    let moved = move_keys(client, &mine, live_lease, maintenance).await;
     let left = mine.len() - moved;
-    let live_revoked = left == 0 && client.lease_revoke(leaving.live_lease).await.is_ok();
+    let live_revoked = left == 0 && client.lease_revoke(live_lease).await.is_ok();
     Ok(HandedOver {
         maintenance_lease: maintenance,
         moved,
         left,
         live_revoked,
         deadline: fence_deadline(
-            (!live_revoked).then_some(leaving.live_deadline).flatten(),
+            (!live_revoked).then_some(live_deadline).flatten(),
             left,
             Some(maintenance_deadline),
             moved,
@@ -181,26 +174,19 @@ pub async fn hand_over(client: &mut Client, leaving: Leaving<'_>) -> Result<Hand
 
 /// At the join: the keys a maintenance of this boot left move onto the
 /// live lease, and the maintenance lease goes. How many moved back.
-pub async fn take_back(
-    client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    boot_id: &str,
-    state_dir: &Path,
-    live_lease: i64,
-) -> Result<usize, ClusterError> {
-    let Some(record) = cluster_files::read_maintenance(state_dir) else {
+pub async fn take_back(client: &mut Client, node: &Node, live_lease: i64) -> Result<usize, ClusterError> {
+    let state_dir = node.root.state_dir();
+    let Some(record) = cluster_files::read_maintenance(&state_dir) else {
         return Ok(0);
     };
     let mut moved = 0;
-    if record.boot_id == boot_id {
-        let keys = Keys::new(&settings.prefix);
-        let mine = held(client, &keys, node, record.lease_id).await?;
+    if record.boot_id == node.boot_id {
+        let mine = held(client, &node.keys, &node.name, record.lease_id).await?;
         moved = move_keys(client, &mine, record.lease_id, live_lease).await;
     }
     // Gone already when the grace ran out; revoked now otherwise.
     let _ = client.lease_revoke(record.lease_id).await;
-    cluster_files::remove_maintenance(state_dir);
+    cluster_files::remove_maintenance(&state_dir);
     Ok(moved)
 }
 

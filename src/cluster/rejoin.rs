@@ -23,9 +23,8 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 
 use super::keys::{Keys, LastState, NodeState};
+use super::node::Node;
 use super::session::CALL_TIMEOUT;
-use crate::config::ClusterSettings;
-use crate::events::Events;
 
 /// Whether this boot's rejoin is still to do (no mark of this boot).
 pub fn pending(runtime_dir: &Path, boot_id: &str) -> bool {
@@ -88,18 +87,12 @@ async fn look(client: &mut Client, keys: &Keys, node: &str) -> Option<Vec<String
 
 /// Waits until no peer is missing, or the grace (from `since`, the first
 /// contact) has passed; the peers still missing then (empty: ready).
-pub async fn grace(
-    client: &mut Client,
-    settings: &ClusterSettings,
-    node: &str,
-    since: tokio::time::Instant,
-    events: &Events,
-) -> Vec<String> {
-    let keys = Keys::new(&settings.prefix);
-    let until = since + Duration::from_secs(settings.rejoin_grace_period_s);
+pub async fn grace(client: &mut Client, node: &Node, since: tokio::time::Instant) -> Vec<String> {
+    let events = &node.events;
+    let until = since + Duration::from_secs(node.settings.rejoin_grace_period_s);
     let mut said: Option<Vec<String>> = None;
     loop {
-        if let Some(now_missing) = look(client, &keys, node).await {
+        if let Some(now_missing) = look(client, &node.keys, &node.name).await {
             if now_missing.is_empty() {
                 if said.is_some() {
                     events.info("cluster: rejoin: every peer is heard; taking part again");

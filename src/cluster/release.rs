@@ -21,7 +21,6 @@
 //! earlier than the key's expiry plus its stop bound, so a stop begun by
 //! the deadline is over before then.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,55 +30,18 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::keys::{Keys, NodeState, Owner};
+use super::keys::{NodeState, Owner};
+use super::node::Node;
 use super::presence;
 use super::session::{self, CALL_TIMEOUT, CappedDeadline, boottime, json};
-use crate::config::{ClusterSettings, Loaded, Workload};
+use crate::config::{Loaded, Workload};
 use crate::events::Events;
 use crate::paths::Root;
-use crate::state::drain_report::{Report, StopResult};
+use crate::state::drain_report::StopResult;
 use crate::systemd::Ops;
 
-/// Runs the drain, in cluster mode with its [`Release`] beside it: owner
-/// keys released as workloads go down, HA workloads fenced at the lease
-/// deadline. Waits for etcd's last answers until `etcd_until` (given
-/// when the drain is over) at the latest.
-pub async fn drain<O: Ops>(
-    ops: &O,
-    root: &Root,
-    loaded: &Loaded,
-    events: &Events,
-    began: Instant,
-    etcd_until: impl FnOnce() -> Instant,
-) -> Report {
-    let Some(release) = Release::begin(root, loaded, events) else {
-        return crate::drain::run(ops, root, loaded, events, began).await;
-    };
-    let report = {
-        let drained = crate::drain::run_telling(ops, root, loaded, events, began, Some(release.teller()));
-        let fenced = release.fence_at_deadline(ops, root, events);
-        tokio::pin!(drained, fenced);
-        let report = tokio::select! {
-            report = &mut drained => report,
-            never = &mut fenced => match never {},
-        };
-        // An HA workload the drain could not stop (a stop that failed) is
-        // still fenced at the deadline, within the drain's own budget.
-        let ha_up = report
-            .workloads
-            .iter()
-            .any(|w| !w.outcome.is_down() && release.ha_workloads.iter().any(|h| h.name == w.workload));
-        if ha_up {
-            let budget = began + Duration::from_secs(loaded.host.drain_deadline_s);
-            let _ = tokio::time::timeout_at(budget, &mut fenced).await;
-        }
-        report
-    };
-    release.finish(etcd_until(), events).await;
-    report
-}
-
-/// A drain's cluster session; feed it each result as the drain gets it.
+/// Cluster mode's part in a drain ([`crate::drain::Companion`]): told
+/// each result as the drain gets it.
 pub struct Release {
     tell: UnboundedSender<StopResult>,
     task: JoinHandle<()>,
@@ -96,7 +58,7 @@ impl Release {
     /// mode (silently), or no lease of this boot to speak for.
     pub fn begin(root: &Root, loaded: &Loaded, events: &Events) -> Option<Release> {
         let settings = loaded.host.cluster.clone()?;
-        let node = super::node_name(&settings)
+        let name = super::node::node_name(&settings)
             .map_err(|e| events.warn(&format!("cluster: {e}; the drain releases nothing")))
             .ok()?;
         let boot = crate::state::runs::boot_id().ok()?;
@@ -125,25 +87,17 @@ impl Release {
         let known = super::fence::read_deadline(&root.runtime_dir());
         let deadline = Arc::new(AtomicU64::new(known.map_or(0, |d| d.as_millis() as u64)));
         let cap = maintenance.and(known);
-        let session = Session {
+        let node = Node::new(settings, name, boot, root.clone(), &loaded.workloads);
+        let ha_workloads = node.workloads.clone();
+        let releasing = Releasing {
             deadline: deadline.clone(),
             cap,
-            keys: Keys::new(&settings.prefix),
+            frozen: node.frozen_now(),
             node,
             lease,
-            boot,
-            ha: super::ha_hashes(loaded),
-            frozen: crate::state::freeze::node_frozen(root).is_some(),
-            settings,
         };
         let (tell, results) = unbounded_channel();
-        let task = tokio::spawn(session.run(results));
-        let ha_workloads = loaded
-            .workloads
-            .iter()
-            .filter(|w| w.ha.is_some())
-            .cloned()
-            .collect();
+        let task = tokio::spawn(releasing.run(results));
         Some(Release {
             tell,
             task,
@@ -152,9 +106,15 @@ impl Release {
             lease,
         })
     }
+}
 
-    pub fn teller(&self) -> UnboundedSender<StopResult> {
+impl crate::drain::Companion for Release {
+    fn teller(&self) -> UnboundedSender<StopResult> {
         self.tell.clone()
+    }
+
+    fn fences(&self, workload: &str) -> bool {
+        self.ha_workloads.iter().any(|w| w.name == workload)
     }
 
     /// Once the fence deadline passed, stops every HA workload still
@@ -162,12 +122,7 @@ impl Release {
     /// tried again); never returns. No deadline known (the runtime
     /// directory lost it) is one already passed: the lease may be
     /// expiring now.
-    pub async fn fence_at_deadline<O: Ops>(
-        &self,
-        ops: &O,
-        root: &Root,
-        events: &Events,
-    ) -> std::convert::Infallible {
+    async fn fence<O: Ops>(&self, ops: &O, root: &Root, events: &Events) -> std::convert::Infallible {
         const LOOK: Duration = Duration::from_secs(1);
         // The deadline is on CLOCK_BOOTTIME, which a suspend moves on and
         // tokio's clock does not: passed when either says so.
@@ -187,7 +142,7 @@ impl Release {
 
     /// The drain is done: what is left is released and `drained` is
     /// announced, waited for until `until` at the latest.
-    pub async fn finish(self, until: Instant, events: &Events) {
+    async fn finish(self, until: Instant, events: &Events) {
         drop(self.tell);
         let mut task = self.task;
         if tokio::time::timeout_at(until, &mut task).await.is_err() {
@@ -200,23 +155,21 @@ impl Release {
     }
 }
 
-struct Session {
+/// The release's task: it announces, releases and keeps the lease.
+struct Releasing {
     deadline: Arc<AtomicU64>,
     /// The furthest the deadline may move (the maintenance lease's).
     cap: Option<Duration>,
-    settings: ClusterSettings,
-    keys: Keys,
-    node: String,
+    node: Node,
     lease: i64,
-    boot: String,
-    ha: BTreeMap<String, String>,
+    /// The node's freeze when the drain began.
     frozen: bool,
 }
 
-impl Session {
+impl Releasing {
     async fn run(self, mut results: UnboundedReceiver<StopResult>) {
         let events = Events::new("berth");
-        let Ok(Ok(mut client)) = tokio::time::timeout(CALL_TIMEOUT, session::connect(&self.settings)).await
+        let Ok(mut client) = session::within(CALL_TIMEOUT, session::connect(&self.node.settings)).await
         else {
             events
                 .warn("cluster: cannot reach etcd; the drain releases nothing (keys expire with the lease)");
@@ -224,7 +177,7 @@ impl Session {
         };
         let keeper = tokio::spawn(session::keep_alive(
             client.clone(),
-            self.settings.clone(),
+            self.node.settings.clone(),
             self.lease,
             Arc::new(CappedDeadline {
                 deadline: self.deadline.clone(),
@@ -242,7 +195,7 @@ impl Session {
         // those no longer configured (nothing here stopped them): it
         // expires with the lease, and the taker waits the stop bound.
         while let Some(r) = results.recv().await {
-            if self.ha.contains_key(&r.workload) && r.outcome.is_down() {
+            if self.node.ha.contains_key(&r.workload) && r.outcome.is_down() {
                 self.release(&mut client, &r.workload, &events).await;
             }
         }
@@ -251,26 +204,27 @@ impl Session {
     }
 
     async fn announce(&self, client: &mut Client, state: NodeState, events: &Events) -> bool {
-        let p = presence::presence(state, &self.boot, self.ha.clone(), self.frozen);
-        let done = tokio::time::timeout(
+        let node = &self.node;
+        let p = presence::presence(state, &node.boot_id, node.ha.clone(), self.frozen);
+        let done = session::within(
             CALL_TIMEOUT,
-            presence::announce(client, &self.keys, &self.node, self.lease, p),
+            presence::announce(client, &node.keys, &node.name, self.lease, p),
         )
         .await;
         match done {
-            Ok(Ok(())) => {
-                events.info(&format!("cluster: {} announced {}", self.node, state.as_str()));
+            Ok(()) => {
+                events.info(&format!("cluster: {} announced {}", node.name, state.as_str()));
                 true
             }
-            Ok(Err(e)) => {
-                events.warn(&format!("cluster: cannot announce {}: {e}", state.as_str()));
-                false
-            }
-            Err(_) => {
+            Err(session::ClusterError::Unanswered(_)) => {
                 events.warn(&format!(
                     "cluster: cannot announce {}: etcd did not answer",
                     state.as_str()
                 ));
+                false
+            }
+            Err(e) => {
+                events.warn(&format!("cluster: cannot announce {}: {e}", state.as_str()));
                 false
             }
         }
@@ -279,7 +233,7 @@ impl Session {
     /// Releases `workload`'s owner key if it is this node's, on this
     /// lease: bound zero, then gone.
     async fn release(&self, client: &mut Client, workload: &str, events: &Events) {
-        let key = self.keys.owner(workload);
+        let key = self.node.keys.owner(workload);
         let done = tokio::time::timeout(CALL_TIMEOUT, async {
             let got = client.get(key.as_str(), None).await?;
             let Some(kv) = got.kvs().first() else {
@@ -288,7 +242,7 @@ impl Session {
             let Ok(mut owner) = serde_json::from_slice::<Owner>(kv.value()) else {
                 return Ok(false);
             };
-            if owner.node != self.node || kv.lease() != self.lease {
+            if owner.node != self.node.name || kv.lease() != self.lease {
                 return Ok(false);
             }
             let old = kv.value().to_vec();
@@ -405,7 +359,11 @@ mod tests {
         );
         let began = Instant::now();
         let events = Events::new("test");
-        let report = drain(&ops, &root, &loaded, &events, began, || Instant::now() + 5 * SEC).await;
+        let release = Release::begin(&root, &loaded, &events);
+        let report = crate::drain::run_with(&ops, &root, &loaded, &events, began, release, || {
+            Instant::now() + 5 * SEC
+        })
+        .await;
         let (db_began, _) = ops.span("db", "stop");
         assert!(
             db_began - began <= 5 * SEC,

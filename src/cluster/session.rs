@@ -59,6 +59,9 @@ pub enum ClusterError {
     Etcd(String),
     /// A local file (the lease record, a TLS file).
     Local(PathBuf, std::io::Error),
+    /// etcd said nothing within this long: a partition hangs calls
+    /// rather than failing them.
+    Unanswered(Duration),
 }
 
 impl std::fmt::Display for ClusterError {
@@ -66,6 +69,7 @@ impl std::fmt::Display for ClusterError {
         match self {
             ClusterError::Etcd(e) => write!(f, "etcd: {e}"),
             ClusterError::Local(p, e) => write!(f, "{}: {e}", p.display()),
+            ClusterError::Unanswered(d) => write!(f, "etcd did not answer within {} ms", d.as_millis()),
         }
     }
 }
@@ -81,6 +85,18 @@ impl From<etcd_client::Error> for ClusterError {
 /// How long one etcd call may take: a partition hangs calls, and the
 /// deadline, not the call, decides.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `call`, given at most `limit`: every etcd call the agent and the
+/// drain make goes through here or through a caller's own bound.
+pub async fn within<T, E: Into<ClusterError>>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, ClusterError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(ClusterError::Unanswered(limit)),
+    }
+}
 
 /// Connects to the cluster's endpoints, with TLS when configured.
 pub async fn connect(settings: &ClusterSettings) -> Result<Client, ClusterError> {

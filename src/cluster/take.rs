@@ -6,60 +6,53 @@
 //! `berth owner-check` confirms it once more).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 
-use super::keys::{Keys, Owner};
+use super::keys::Owner;
+use super::node::Node;
 use super::ownership::{self, Local, OwnerKey, View};
-use super::session::{LeaseState, boottime};
-use crate::config::{ClusterSettings, Workload};
+use super::session::{CALL_TIMEOUT, boottime};
+use crate::config::Workload;
 use crate::events::Events;
-use crate::paths::Root;
 use crate::state::records::TransitionReason;
-use crate::systemd::{Ops, Systemd};
+use crate::systemd::Ops;
 use crate::time::rfc3339;
 
-use super::session::CALL_TIMEOUT;
+/// What the presence was last put with: re-announced when either
+/// changes.
+pub struct Announced {
+    pub frozen: bool,
+    /// The `waiting` set (at the join: every HA workload).
+    pub waiting: BTreeSet<String>,
+}
 
-/// What the loop works with.
-pub struct Context {
-    pub settings: ClusterSettings,
-    pub node: String,
-    pub root: Root,
-    /// This node's HA workloads, as configured.
-    pub workloads: Vec<Workload>,
-    /// The fence deadline: nothing is taken unless it is ahead.
-    pub state: Arc<LeaseState>,
-    pub events: Events,
-    /// Where ownership changes are told (`/v1/events`).
-    pub api: Option<Arc<crate::api::Shared>>,
-    /// What the presence is re-announced with when the node's freeze
-    /// changes (a freeze by hand, adopted, or at the rejoin grace).
-    pub boot_id: String,
-    pub ha: BTreeMap<String, String>,
-    /// The frozen flag the presence was last put with.
-    pub announced_frozen: bool,
-    /// The `waiting` set the presence was last put with (at the join:
-    /// every HA workload).
-    pub announced_waiting: BTreeSet<String>,
+impl Announced {
+    /// As the join puts the presence.
+    pub fn at_join(node: &Node, frozen: bool) -> Announced {
+        Announced {
+            frozen,
+            waiting: node.ha.keys().cloned().collect(),
+        }
+    }
 }
 
 /// The stop bound of each HA workload, from its live unit: a workload
 /// whose unit systemd cannot describe, or whose stop is unbounded, is not
 /// taken (its bound could not be written).
-async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
+async fn locals<O: Ops>(ops: &O, node: &Node) -> Vec<Local> {
     let mut out = Vec::new();
-    for w in &ctx.workloads {
+    for w in &node.workloads {
         let Some(policy) = w.ha.clone() else { continue };
-        let bound = match sd.topology(&w.unit_name()).await {
+        let bound = match ops.topology(&w.unit_name()).await {
             Ok(t) => {
                 let timeout = (t.timeout_stop_us != u64::MAX).then(|| t.timeout_stop_us.div_ceil(1_000_000));
                 super::keys::stop_bound_s(t.exec_stop.len(), timeout)
             }
             Err(e) => {
-                ctx.events.warn(&format!(
+                node.events.warn(&format!(
                     "cluster: not taking {}: systemd cannot describe {}: {e}",
                     w.name,
                     w.unit_name()
@@ -73,7 +66,7 @@ async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
                 policy,
                 stop_bound_s,
             }),
-            None => ctx.events.warn(&format!(
+            None => node.events.warn(&format!(
                 "cluster: not taking {}: {} has no bounded stop (TimeoutStopSec=infinity)",
                 w.name,
                 w.unit_name()
@@ -86,56 +79,60 @@ async fn locals(sd: &Systemd, ctx: &Context) -> Vec<Local> {
 /// What a take does once its transaction succeeded: start the unit. The
 /// daemon starts it through systemd; the scale benchmark's simulated
 /// nodes only record it.
-pub trait Starter: Send + Sync + 'static {
+pub trait Starter: 'static {
     fn start(&self, workload: &Workload);
 }
 
-/// Starts the unit through systemd, recorded as an HA take.
-struct SystemdStarter {
-    sd: Arc<Systemd>,
-    root: Root,
+/// Starts the unit through the service manager, recorded as an HA take,
+/// on a task of its own (a start may take long).
+struct OpsStarter<O> {
+    ops: Rc<O>,
+    root: crate::paths::Root,
 }
 
-impl Starter for SystemdStarter {
+impl<O: Ops + 'static> Starter for OpsStarter<O> {
     fn start(&self, workload: &Workload) {
-        let (sd, root, w, events) = (
-            self.sd.clone(),
-            self.root.clone(),
-            workload.clone(),
-            Events::new("berth-daemon"),
-        );
-        tokio::spawn(async move {
-            crate::autostart::start_one(&*sd, &root, &w, TransitionReason::HaTake, &events).await;
+        let (ops, root, w) = (self.ops.clone(), self.root.clone(), workload.clone());
+        tokio::task::spawn_local(async move {
+            let events = Events::new("berth-daemon");
+            crate::autostart::start_one(&*ops, &root, &w, TransitionReason::HaTake, &events).await;
         });
     }
 }
 
-/// Runs until the process ends. `lease` is the live lease the keys go on.
-pub async fn run(client: Client, ctx: Context, lease: i64) {
-    let sd = Arc::new(super::systemd_for(&ctx.root, &ctx.events, "taking", Duration::from_secs(5)).await);
-    let locals = locals(&sd, &ctx).await;
-    let starter = Arc::new(SystemdStarter {
-        sd,
-        root: ctx.root.clone(),
+/// Runs until the process ends, on a `LocalSet`. `lease` is the live
+/// lease the keys go on; `announced`, what the join put.
+pub async fn run<O: Ops + 'static>(
+    client: Client,
+    node: &Node,
+    ops: Rc<O>,
+    lease: i64,
+    announced: Announced,
+) {
+    let locals = locals(&*ops, node).await;
+    let starter = Rc::new(OpsStarter {
+        ops,
+        root: node.root.clone(),
     });
-    run_with(client, ctx, lease, locals, starter).await
+    run_with(client, node, lease, announced, locals, starter).await
 }
 
 /// The loop itself, given this node's HA workloads with their stop bounds
 /// and what starts one.
 pub async fn run_with(
     mut client: Client,
-    mut ctx: Context,
+    node: &Node,
     lease: i64,
+    mut announced: Announced,
     locals: Vec<Local>,
-    starter: Arc<dyn Starter>,
+    starter: Rc<dyn Starter>,
 ) {
-    let keys = Keys::new(&ctx.settings.prefix);
+    let keys = &node.keys;
     let mut view = View::default();
     // A workload this node has but cannot take (no bounded stop, or
     // systemd cannot describe it) is waited for for good, so that
     // placement passes over this node for it.
-    let untakeable: BTreeSet<String> = ctx
+    let untakeable: BTreeSet<String> = node
         .ha
         .keys()
         .filter(|w| !locals.iter().any(|l| &l.name == *w))
@@ -145,7 +142,7 @@ pub async fn run_with(
         let listed = tokio::time::timeout(
             CALL_TIMEOUT,
             client.get(
-                ctx.settings.prefix.as_str(),
+                node.settings.prefix.as_str(),
                 Some(GetOptions::new().with_prefix()),
             ),
         )
@@ -177,7 +174,7 @@ pub async fn run_with(
             .with_start_revision(revision + 1);
         let watched = tokio::time::timeout(
             CALL_TIMEOUT,
-            client.watch(ctx.settings.prefix.as_str(), Some(options)),
+            client.watch(node.settings.prefix.as_str(), Some(options)),
         )
         .await;
         let Ok(Ok(mut stream)) = watched else {
@@ -187,8 +184,17 @@ pub async fn run_with(
         loop {
             let mut waiting = view.waiting(&locals, boottime());
             waiting.extend(untakeable.iter().cloned());
-            reannounce(&mut client, &mut ctx, &keys, lease, waiting).await;
-            take_due(&mut client, &ctx, &keys, &*starter, &locals, &mut view, lease).await;
+            reannounce(&mut client, node, &mut announced, lease, waiting).await;
+            take_due(
+                &mut client,
+                node,
+                announced.frozen,
+                &*starter,
+                &locals,
+                &mut view,
+                lease,
+            )
+            .await;
             let now = boottime();
             let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
             tokio::select! {
@@ -205,12 +211,12 @@ pub async fn run_with(
                                     view.presence_put(n, kv.value());
                                 }
                             } else if let Some(w) = keys.name_in(&keys.owners(), key) {
-                                tell_owner(&ctx, w, deleted, kv);
+                                tell_owner(node, w, deleted, kv);
                                 if deleted {
                                     let fallback = locals.iter().find(|l| l.name == w).map_or(0, |l| l.stop_bound_s);
                                     let last = ev.prev_kv().map(|p| p.value());
                                     view.owner_deleted(w, last, fallback, boottime());
-                                    released(&ctx, w, last, &view);
+                                    released(node, w, last, &view);
                                 } else {
                                     view.owner_put(w, kv.value(), kv.lease());
                                 }
@@ -232,19 +238,20 @@ pub async fn run_with(
 /// a waiting node). Idle, neither changes: no write.
 async fn reannounce(
     client: &mut Client,
-    ctx: &mut Context,
-    keys: &Keys,
+    node: &Node,
+    announced: &mut Announced,
     lease: i64,
     waiting: BTreeSet<String>,
 ) {
     use super::keys::{NodeState, Presence};
-    let frozen = super::frozen_now(&ctx.root);
-    if frozen == ctx.announced_frozen && waiting == ctx.announced_waiting {
+    let keys = &node.keys;
+    let frozen = node.frozen_now();
+    if frozen == announced.frozen && waiting == announced.waiting {
         return;
     }
     // Only over a presence that says up: a drain's shutting-down or
     // drained is never turned back into up.
-    let key = keys.node(&ctx.node);
+    let key = keys.node(&node.name);
     let Ok(Ok(now)) = tokio::time::timeout(CALL_TIMEOUT, client.get(key.as_str(), None)).await else {
         return;
     };
@@ -253,24 +260,24 @@ async fn reannounce(
         .ok()
         .filter(|p| p.state == NodeState::Up)
     else {
-        ctx.announced_frozen = frozen;
-        ctx.announced_waiting = waiting;
+        announced.frozen = frozen;
+        announced.waiting = waiting;
         return;
     };
-    let mut p = super::presence::presence(NodeState::Up, &ctx.boot_id, ctx.ha.clone(), frozen);
+    let mut p = super::presence::presence(NodeState::Up, &node.boot_id, node.ha.clone(), frozen);
     // Still up since then: a change of flags is no new state.
     p.since = was.since;
     p.waiting = waiting.clone();
-    let put = super::presence::announce_if_unchanged(client, keys, &ctx.node, lease, p, kv.mod_revision());
+    let put = super::presence::announce_if_unchanged(client, keys, &node.name, lease, p, kv.mod_revision());
     if let Ok(Ok(true)) = tokio::time::timeout(CALL_TIMEOUT, put).await {
-        if frozen != ctx.announced_frozen {
-            ctx.events.info(&format!(
+        if frozen != announced.frozen {
+            node.events.info(&format!(
                 "cluster: the node is {}: presence announced so",
                 if frozen { "frozen" } else { "thawed" }
             ));
         }
-        if waiting != ctx.announced_waiting {
-            ctx.events.info(&format!(
+        if waiting != announced.waiting {
+            node.events.info(&format!(
                 "cluster: presence announced waiting for {} (unowned workloads whose owner key this node did not see go)",
                 if waiting.is_empty() {
                     "nothing".to_string()
@@ -279,14 +286,14 @@ async fn reannounce(
                 }
             ));
         }
-        ctx.announced_frozen = frozen;
-        ctx.announced_waiting = waiting;
+        announced.frozen = frozen;
+        announced.waiting = waiting;
     }
 }
 
 /// Tells `/v1/events` of an owner key's change.
-fn tell_owner(ctx: &Context, workload: &str, deleted: bool, kv: &etcd_client::KeyValue) {
-    let Some(api) = &ctx.api else { return };
+fn tell_owner(node: &Node, workload: &str, deleted: bool, kv: &etcd_client::KeyValue) {
+    let Some(api) = &node.api else { return };
     let owner = (!deleted)
         .then(|| serde_json::from_slice::<Owner>(kv.value()).ok())
         .flatten();
@@ -300,7 +307,7 @@ fn tell_owner(ctx: &Context, workload: &str, deleted: bool, kv: &etcd_client::Ke
 }
 
 /// Says that an owner key went, and how long its takers wait.
-fn released(ctx: &Context, workload: &str, last: Option<&[u8]>, view: &View) {
+fn released(node: &Node, workload: &str, last: Option<&[u8]>, view: &View) {
     let last_owner = last
         .and_then(|v| serde_json::from_slice::<Owner>(v).ok())
         .map_or_else(|| "unknown".to_string(), |o| o.node);
@@ -308,7 +315,7 @@ fn released(ctx: &Context, workload: &str, last: Option<&[u8]>, view: &View) {
         .not_before
         .get(workload)
         .map_or(0, |t| t.saturating_sub(boottime()).as_secs());
-    ctx.events.info(&format!(
+    node.events.info(&format!(
         "cluster: the owner key of {workload} went (last owner {}); a candidate may take it in {wait} s",
         last_owner.escape_debug()
     ));
@@ -318,8 +325,8 @@ fn released(ctx: &Context, workload: &str, last: Option<&[u8]>, view: &View) {
 /// then its start.
 async fn take_due(
     client: &mut Client,
-    ctx: &Context,
-    keys: &Keys,
+    node: &Node,
+    announced_frozen: bool,
     starter: &dyn Starter,
     locals: &[Local],
     view: &mut View,
@@ -328,30 +335,30 @@ async fn take_due(
     // A node past its deadline is fencing, a frozen one starts nothing:
     // neither takes (frozen as its flag says, whether or not its presence
     // could say so yet).
-    if !ctx.state.ahead() || ctx.announced_frozen || super::frozen_now(&ctx.root) {
+    if !node.lease.ahead() || announced_frozen || node.frozen_now() {
         return;
     }
     // A workload frozen here (by hand, or an object freeze) is not taken
     // here.
-    let due: Vec<Local> = ownership::to_take(&ctx.node, locals, view, boottime())
+    let due: Vec<Local> = ownership::to_take(&node.name, locals, view, boottime())
         .into_iter()
-        .filter(|l| crate::state::freeze::instance_frozen(&ctx.root, &l.name).is_none())
+        .filter(|l| crate::state::freeze::instance_frozen(&node.root, &l.name).is_none())
         .cloned()
         .collect();
     for local in due {
         // A take's transaction may take one keep-alive interval: taken
         // only with that much of the deadline left.
-        let limit = ctx.settings.keep_alive_interval();
-        if ctx.state.deadline().is_none_or(|d| boottime() + limit >= d) {
+        let limit = node.settings.keep_alive_interval();
+        if node.lease.deadline().is_none_or(|d| boottime() + limit >= d) {
             return;
         }
         let owner = Owner {
-            node: ctx.node.clone(),
+            node: node.name.clone(),
             stop_bound_s: local.stop_bound_s,
             since: rfc3339(std::time::SystemTime::now()),
         };
         let value = serde_json::to_string(&owner).unwrap_or_default();
-        let key = keys.owner(&local.name);
+        let key = node.keys.owner(&local.name);
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(
@@ -362,20 +369,20 @@ async fn take_due(
         match tokio::time::timeout(limit, client.txn(txn)).await {
             Ok(Ok(r)) if r.succeeded() => {
                 view.owner_put(&local.name, value.as_bytes(), lease);
-                ctx.events.info(&format!(
+                node.events.info(&format!(
                     "cluster: took {} (owner key on lease {lease:x}, stop bound {} s); starting it",
                     local.name, local.stop_bound_s
                 ));
-                if let Some(w) = ctx.workloads.iter().find(|w| w.name == local.name) {
+                if let Some(w) = node.workload(&local.name) {
                     starter.start(w);
                 }
             }
             // Someone else's key came first: the watch brings it.
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => ctx
+            Ok(Err(e)) => node
                 .events
                 .warn(&format!("cluster: cannot take {}: {e}", local.name)),
-            Err(_) => ctx.events.warn(&format!(
+            Err(_) => node.events.warn(&format!(
                 "cluster: cannot take {}: etcd did not answer within {} ms",
                 local.name,
                 limit.as_millis()

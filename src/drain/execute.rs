@@ -395,6 +395,39 @@ fn record_aside(
     (r.workload.clone(), written)
 }
 
+/// Stops each of `stops` at once, whatever its place in a drain order,
+/// each within its own bound, recorded as stopped for `reason` and told
+/// in the journal: the stop path of cluster mode's fence. The outcome of
+/// each.
+pub async fn stop_at_once<O: Ops>(
+    ops: &O,
+    root: &Root,
+    stops: Vec<(&crate::config::Workload, Duration)>,
+    reason: records::TransitionReason,
+    events: &Events,
+) -> Vec<StopResult> {
+    let began = Instant::now();
+    let stopping = stops.into_iter().map(|(w, bound)| {
+        stop_one(
+            ops,
+            Target::from_workload(w, true),
+            Some(root),
+            began,
+            began + bound,
+        )
+    });
+    let mut results = Vec::new();
+    for (r, lock) in futures_util::future::join_all(stopping).await {
+        events.recorded(
+            &r.workload,
+            super::report::write_record_as(root, &r, lock.as_ref(), reason.clone()),
+        );
+        log_outcome(&r, events);
+        results.push(r);
+    }
+    results
+}
+
 /// After the deadline, what is left is forced off at once; if systemd has
 /// not answered by this much later, the drain gives up waiting and writes
 /// its report: the unit's TimeoutStopSec= is the deadline plus
@@ -408,7 +441,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(1);
 /// Stops one workload. `root` given: its lock is taken first and handed back
 /// with the result, so that the supervisor does not record this stop as
 /// someone else's before the drain has recorded it.
-pub(crate) async fn stop_one<O: Ops>(
+async fn stop_one<O: Ops>(
     ops: &O,
     t: Target,
     root: Option<&Root>,

@@ -5,13 +5,18 @@
 //! hand. Best effort: it always finishes, records and exits 0. [`plan`]
 //! decides (pure), [`execute`] carries it out through `systemd::Ops`,
 //! [`report`] tells each outcome (records, journal, `last-drain.json`).
+//! A [`Companion`] rides along in cluster mode (told each outcome, a
+//! fence beside the stops, a finish); [`stop_at_once`] is the one stop
+//! path offered outside, for that fence.
 
+pub mod companion;
 pub mod execute;
 pub mod plan;
 pub mod progress;
 pub mod report;
 
-pub use execute::{run, run_telling};
+pub use companion::{Companion, run_with};
+pub use execute::{run, run_telling, stop_at_once};
 pub use plan::{DryRun, Target, dry_run};
 pub use report::{SUMMARY_MESSAGE_ID, unreachable};
 

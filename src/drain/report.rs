@@ -107,7 +107,7 @@ pub(super) fn write_record(root: &Root, r: &StopResult, lock: Option<&std::fs::F
 
 /// [`write_record`] for a stop made for `reason` (the cluster's fence
 /// stops through the drain's path).
-pub(crate) fn write_record_as(
+pub(super) fn write_record_as(
     root: &Root,
     r: &StopResult,
     lock: Option<&std::fs::File>,
@@ -143,7 +143,7 @@ pub(crate) fn write_record_as(
 }
 
 /// The journal part of [`record`]: one event per workload outcome.
-pub(crate) fn log_outcome(r: &StopResult, events: &Events) {
+pub(super) fn log_outcome(r: &StopResult, events: &Events) {
     let mut fields = vec![
         ("BERTH_WORKLOAD", r.workload.clone()),
         ("BERTH_OUTCOME", r.outcome.as_str().to_string()),

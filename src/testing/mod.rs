@@ -1,5 +1,8 @@
 //! Test support shared across modules: a temporary root with a config,
-//! to run the helpers and the supervisor against [`crate::systemd::fake`].
+//! to run the helpers and the supervisor against [`crate::systemd::fake`],
+//! and a real etcd for the cluster agent's phases.
+
+pub(crate) mod etcd;
 
 use crate::config::Loaded;
 use crate::paths::Root;
