@@ -210,6 +210,22 @@ pub fn problems(
     units: &BTreeMap<String, UnitTopology>,
     expected: &Expected,
 ) -> Vec<String> {
+    let mut out = drain_problems(workloads, units, expected);
+    out.extend(slice_problems(units));
+    for name in workloads {
+        if let Some(w) = units.get(name) {
+            out.extend(workload_problems(name, w, workloads, units, expected));
+        }
+    }
+    out
+}
+
+/// What keeps berth-drain.service from draining at shutdown.
+fn drain_problems(
+    workloads: &[String],
+    units: &BTreeMap<String, UnitTopology>,
+    expected: &Expected,
+) -> Vec<String> {
     let mut out = Vec::new();
     match units.get(DRAIN) {
         None => out.push(format!(
@@ -280,6 +296,12 @@ pub fn problems(
             }
         }
     }
+    out
+}
+
+/// What would take berth.slice, and every workload in it, down early.
+fn slice_problems(units: &BTreeMap<String, UnitTopology>) -> Vec<String> {
+    let mut out = Vec::new();
     if let Some(slice) = units.get("berth.slice") {
         if let Some(why) = stopped_at_shutdown("berth.slice", units, &mut BTreeSet::new()) {
             out.push(format!(
@@ -294,79 +316,88 @@ pub fn problems(
             ));
         }
     }
-    for name in workloads {
-        let Some(w) = units.get(name) else { continue };
-        let from = w.where_from();
-        if w.load_state != LoadState::Loaded {
+    out
+}
+
+/// What puts one workload's unit out of berth's order.
+fn workload_problems(
+    name: &str,
+    w: &UnitTopology,
+    workloads: &[String],
+    units: &BTreeMap<String, UnitTopology>,
+    expected: &Expected,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let from = w.where_from();
+    if w.load_state != LoadState::Loaded {
+        out.push(format!(
+            "{name} is {}: its unit file is missing or broken, so it has none of berth's ordering",
+            w.load_state
+        ));
+        return out;
+    }
+    out.extend(takeover_problems(name, units));
+    if !w.slice.is_empty() && w.slice != "berth.slice" {
+        out.push(format!(
+            "{name} runs in {}{from}, not berth.slice: that slice may be stopped at shutdown with it",
+            w.slice
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    if let Some(why) = stopped_at_shutdown(name, units, &mut seen) {
+        out.push(format!(
+            "{name} is stopped by the shutdown transaction itself ({why}){from}: it would stop before \
+             or around the drain, out of order and past its budget"
+        ));
+    }
+    if !w.ignore_on_isolate {
+        out.push(format!(
+            "{name} lost IgnoreOnIsolate=yes{from}: isolating rescue.target would stop it"
+        ));
+    }
+    for dep in &w.part_of {
+        out.push(format!(
+            "{name} has PartOf={dep}{from}: stopping or restarting {dep} would stop or restart the workload"
+        ));
+    }
+    if !w.after.iter().any(|a| a == DRAIN) {
+        out.push(format!(
+            "{name} is not After={DRAIN}{from}: it could start before the drain is armed"
+        ));
+    }
+    let starters: Vec<&str> = w
+        .wanted_by
+        .iter()
+        .chain(&w.triggered_by)
+        .map(String::as_str)
+        .filter(|u| crate::names::instance_of(u).is_none() && !workloads.iter().any(|w| w == u))
+        .collect();
+    if !starters.is_empty() {
+        out.push(format!(
+            "{name}{} is wanted or triggered by {}: systemd starts it outside berth's order, frozen or \
+             not (and a trigger may start it again after the drain); disable it (systemctl disable \
+             {name}; a quadlet: no [Install] in its .container) and let berth's autostart start it",
+            w.declared_in(name),
+            starters.join(", ")
+        ));
+    }
+    if let Some(&delay) = expected.stop_delay_s.get(name) {
+        if w.timeout_stop_us < delay.saturating_mul(1_000_000) {
             out.push(format!(
-                "{name} is {}: its unit file is missing or broken, so it has none of berth's ordering",
-                w.load_state
+                "{name} has TimeoutStopSec={} s{from}, under its stop_delay_s of {delay} s: systemd would \
+                 kill it before the drain's graceful window ends",
+                w.timeout_stop_us / 1_000_000
             ));
-            continue;
         }
-        out.extend(takeover_problems(name, units));
-        if !w.slice.is_empty() && w.slice != "berth.slice" {
+        if let Some((window, why)) = podman_stop_window(&w.exec_stop, &w.exec_start)
+            && window < delay
+        {
             out.push(format!(
-                "{name} runs in {}{from}, not berth.slice: that slice may be stopped at shutdown with it",
-                w.slice
+                "{name}{} gives its container {window} s to stop ({why}) before podman kills it, under \
+                 its stop_delay_s of {delay} s: set StopTimeout={delay} in the .container (podman run \
+                 --stop-timeout={delay})",
+                w.declared_in(name)
             ));
-        }
-        let mut seen = BTreeSet::new();
-        if let Some(why) = stopped_at_shutdown(name, units, &mut seen) {
-            out.push(format!(
-                "{name} is stopped by the shutdown transaction itself ({why}){from}: it would stop before \
-                 or around the drain, out of order and past its budget"
-            ));
-        }
-        if !w.ignore_on_isolate {
-            out.push(format!(
-                "{name} lost IgnoreOnIsolate=yes{from}: isolating rescue.target would stop it"
-            ));
-        }
-        for dep in &w.part_of {
-            out.push(format!(
-                "{name} has PartOf={dep}{from}: stopping or restarting {dep} would stop or restart the workload"
-            ));
-        }
-        if !w.after.iter().any(|a| a == DRAIN) {
-            out.push(format!(
-                "{name} is not After={DRAIN}{from}: it could start before the drain is armed"
-            ));
-        }
-        let starters: Vec<&str> = w
-            .wanted_by
-            .iter()
-            .chain(&w.triggered_by)
-            .map(String::as_str)
-            .filter(|u| crate::names::instance_of(u).is_none() && !workloads.iter().any(|w| w == u))
-            .collect();
-        if !starters.is_empty() {
-            out.push(format!(
-                "{name}{} is wanted or triggered by {}: systemd starts it outside berth's order, frozen or \
-                 not (and a trigger may start it again after the drain); disable it (systemctl disable \
-                 {name}; a quadlet: no [Install] in its .container) and let berth's autostart start it",
-                w.declared_in(name),
-                starters.join(", ")
-            ));
-        }
-        if let Some(&delay) = expected.stop_delay_s.get(name) {
-            if w.timeout_stop_us < delay.saturating_mul(1_000_000) {
-                out.push(format!(
-                    "{name} has TimeoutStopSec={} s{from}, under its stop_delay_s of {delay} s: systemd would \
-                     kill it before the drain's graceful window ends",
-                    w.timeout_stop_us / 1_000_000
-                ));
-            }
-            if let Some((window, why)) = podman_stop_window(&w.exec_stop, &w.exec_start)
-                && window < delay
-            {
-                out.push(format!(
-                    "{name}{} gives its container {window} s to stop ({why}) before podman kills it, under \
-                     its stop_delay_s of {delay} s: set StopTimeout={delay} in the .container (podman run \
-                     --stop-timeout={delay})",
-                    w.declared_in(name)
-                ));
-            }
         }
     }
     out

@@ -79,8 +79,31 @@ pub async fn run<O: Ops>(
     // inside the batch. A crash before the sync may leave a record empty:
     // the supervisor sets it aside and rebuilds it from systemd's state.
     let batch = atomic::Batch::begin();
+    adopt(root, &running, events, &mut summary);
+    if let Some(reason) = node_frozen {
+        events.warn(&format!("starting no workload: {reason}"));
+        commit(batch, root, events);
+        return Ok(summary);
+    }
+    if loaded
+        .workloads
+        .iter()
+        .any(|w| w.autostart == Autostart::LastState)
+    {
+        tell_last_state(last, events);
+    }
+    for group in plan::start_groups(&loaded.workloads) {
+        start_group(ops, root, &group, &running, last, events, &mut summary).await;
+    }
+    commit(batch, root, events);
+    tell_done(&summary, running.len(), events);
+    Ok(summary)
+}
+
+/// Records each running workload as adopted (left untouched).
+fn adopt(root: &Root, running: &BTreeSet<String>, events: &Events, summary: &mut Summary) {
     let now = rfc3339(SystemTime::now());
-    for name in &running {
+    for name in running {
         let adopted = records::update(root, name, |r| {
             r.adopted_at = Some(now.clone());
             if r.state != RecordState::Running {
@@ -99,93 +122,95 @@ pub async fn run<O: Ops>(
         &[("BERTH_ADOPTED", running.len().to_string())],
         &format!("adopted {} running workloads (left untouched)", running.len()),
     );
+}
 
-    if let Some(reason) = node_frozen {
-        events.warn(&format!("starting no workload: {reason}"));
-        commit(batch, root, events);
-        return Ok(summary);
+/// Why `w` is not started at boot, if it is not.
+fn not_starting(w: &Workload, root: &Root, last: &LastState, events: &Events) -> Option<String> {
+    // An HA workload is started by its owner's daemon, never here: the
+    // autostart runs without the daemon and would double-run it after a
+    // reboot.
+    let decision = if w.ha.is_some() {
+        Decision::Skip("ha = true: only its owner in the cluster starts it (berth-daemon)".into())
+    } else {
+        last_state::decide(w.autostart, &w.name, last)
+    };
+    match decision {
+        Decision::Skip(reason) => Some(reason),
+        decision => freeze::instance_frozen(root, &w.name).or_else(|| {
+            if let Decision::StartBecause(why) = decision {
+                events.info(&format!(
+                    "starting {} (autostart = \"last-state\"): {why}",
+                    w.unit_name()
+                ));
+            }
+            None
+        }),
     }
+}
 
-    if loaded
-        .workloads
-        .iter()
-        .any(|w| w.autostart == Autostart::LastState)
-    {
-        tell_last_state(last, events);
-    }
-
-    for group in plan::start_groups(&loaded.workloads) {
-        // The group's starts go out together (the connection bounds the
-        // calls in flight) and are waited for together: one after the
-        // other, 2000 starts cost 2000 round trips before the last job
-        // was even queued.
-        let mut in_flight = FuturesUnordered::new();
-        for w in group {
-            if running.contains(&w.name) {
-                continue;
-            }
-            // An HA workload is started by its owner's daemon, never here:
-            // the autostart runs without the daemon and would double-run it
-            // after a reboot (issue 13).
-            let decision = if w.ha.is_some() {
-                Decision::Skip("ha = true: only its owner in the cluster starts it (berth-daemon)".into())
-            } else {
-                last_state::decide(w.autostart, &w.name, last)
-            };
-            let skip = match decision {
-                Decision::Skip(reason) => Some(reason),
-                decision => freeze::instance_frozen(root, &w.name).or_else(|| {
-                    if let Decision::StartBecause(why) = decision {
-                        events.info(&format!(
-                            "starting {} (autostart = \"last-state\"): {why}",
-                            w.unit_name()
-                        ));
-                    }
-                    None
-                }),
-            };
-            if let Some(reason) = skip {
-                events.info(&format!("not starting {}: {reason}", w.unit_name()));
-                summary.actions.push((w.name.clone(), Action::Skipped(reason)));
-                continue;
-            }
-            if w.start_delay_s == 0 {
-                // Bounded like the jobs: each start in flight holds its
-                // workload's lock open (a descriptor each).
-                while in_flight.len() >= MAX_JOBS_IN_FLIGHT {
-                    if let Some(done) = in_flight.next().await {
-                        summary.actions.push(done);
-                    }
+/// Starts one group's workloads that do not run. Their starts go out
+/// together (the connection bounds the calls in flight) and are waited
+/// for together: one after the other, 2000 starts cost 2000 round trips
+/// before the last job was even queued. A workload with a start delay
+/// holds back what comes after it in the group until its start completed
+/// and the delay passed.
+async fn start_group<O: Ops>(
+    ops: &O,
+    root: &Root,
+    group: &[&Workload],
+    running: &BTreeSet<String>,
+    last: &LastState,
+    events: &Events,
+    summary: &mut Summary,
+) {
+    let mut in_flight = FuturesUnordered::new();
+    for w in group.iter().copied() {
+        if running.contains(&w.name) {
+            continue;
+        }
+        if let Some(reason) = not_starting(w, root, last, events) {
+            events.info(&format!("not starting {}: {reason}", w.unit_name()));
+            summary.actions.push((w.name.clone(), Action::Skipped(reason)));
+            continue;
+        }
+        if w.start_delay_s == 0 {
+            // Bounded like the jobs: each start in flight holds its
+            // workload's lock open (a descriptor each).
+            while in_flight.len() >= MAX_JOBS_IN_FLIGHT {
+                if let Some(done) = in_flight.next().await {
+                    summary.actions.push(done);
                 }
-                in_flight.push(start_one(ops, root, w, TransitionReason::Boot, events));
-                continue;
             }
-            // Its start completes and its delay passes before anything
-            // after it is asked for; what went before goes on meanwhile.
-            let own = start_one(ops, root, w, TransitionReason::Boot, events);
-            tokio::pin!(own);
-            let done = loop {
-                tokio::select! {
-                    done = &mut own => break done,
-                    Some(other) = in_flight.next() => summary.actions.push(other),
-                }
-            };
-            summary.actions.push(done);
-            let delay = tokio::time::sleep(Duration::from_secs(w.start_delay_s));
-            tokio::pin!(delay);
-            loop {
-                tokio::select! {
-                    _ = &mut delay => break,
-                    Some(other) = in_flight.next() => summary.actions.push(other),
-                }
+            in_flight.push(start_one(ops, root, w, TransitionReason::Boot, events));
+            continue;
+        }
+        // Its start completes and its delay passes before anything after
+        // it is asked for; what went before goes on meanwhile.
+        let own = start_one(ops, root, w, TransitionReason::Boot, events);
+        tokio::pin!(own);
+        let done = loop {
+            tokio::select! {
+                done = &mut own => break done,
+                Some(other) = in_flight.next() => summary.actions.push(other),
+            }
+        };
+        summary.actions.push(done);
+        let delay = tokio::time::sleep(Duration::from_secs(w.start_delay_s));
+        tokio::pin!(delay);
+        loop {
+            tokio::select! {
+                _ = &mut delay => break,
+                Some(other) = in_flight.next() => summary.actions.push(other),
             }
         }
-        while let Some(done) = in_flight.next().await {
-            summary.actions.push(done);
-        }
     }
-    commit(batch, root, events);
+    while let Some(done) = in_flight.next().await {
+        summary.actions.push(done);
+    }
+}
 
+/// The run's one summary line.
+fn tell_done(summary: &Summary, adopted: usize, events: &Events) {
     let started = summary.count(|a| *a == Action::Started);
     let failed = summary.count(|a| matches!(a, Action::StartFailed(_)));
     let skipped = summary.count(|a| matches!(a, Action::Skipped(_)));
@@ -201,12 +226,8 @@ pub async fn run<O: Ops>(
             ("BERTH_FAILED", failed.to_string()),
             ("BERTH_SKIPPED", skipped.to_string()),
         ],
-        &format!(
-            "autostart done: {started} started, {failed} failed, {skipped} skipped, {} adopted",
-            running.len()
-        ),
+        &format!("autostart done: {started} started, {failed} failed, {skipped} skipped, {adopted} adopted"),
     );
-    Ok(summary)
 }
 
 /// Says once what the last-state workloads go by.

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use toml::Table;
 
+use super::checks::{Autostart, MAX_DELAY_S, check_unit_list};
 use super::cluster::{self, ClusterSettings};
 use super::read::{Origin, Reader, merge, parse_file};
-use super::workload::{Autostart, check_unit_list};
 use super::{ConfigError, Manager};
 use crate::paths::Root;
 
@@ -109,8 +109,6 @@ const DAEMON_KEYS: &[&str] = &[
     "socket",
 ];
 
-/// The longest a stop delay may be: a day. Longer is a typo, not a policy.
-pub(super) const MAX_DELAY_S: i64 = 86_400;
 /// `sun_path` holds 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 

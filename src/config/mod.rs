@@ -6,6 +6,7 @@
 //! is reported and left out, a broken host file falls back to built-in
 //! defaults, and everything else is still returned.
 
+mod checks;
 pub mod cluster;
 mod error;
 pub mod host;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use super::ConfigError;
-use super::workload::Autostart;
+use super::checks::Autostart;
 
 /// Reads and parses one TOML file.
 pub(super) fn parse_file(path: &Path) -> Result<Table, ConfigError> {

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use toml::Value;
 
-use super::host::{HostSettings, MAX_DELAY_S};
+pub use super::checks::Autostart;
+use super::checks::{MAX_DELAY_S, SHUTDOWN_AND_MODE_UNITS, check_unit_list, is_valid_unit_name};
+use super::host::HostSettings;
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file, parse_text};
 use super::{ConfigError, Manager};
@@ -31,38 +33,6 @@ impl StopAction {
             StopAction::GuestShutdown => "guest_shutdown",
             StopAction::PowerOff => "power_off",
             StopAction::Save => "save",
-        }
-    }
-}
-
-/// Whether the boot autostart starts a workload: `autostart = true`,
-/// `false` or `"last-state"` (the host's `default_autostart` when unset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Autostart {
-    Yes,
-    No,
-    /// As it was when the last shutdown drain of the previous boot began:
-    /// started if it was running then (or is new since), else left off.
-    LastState,
-}
-
-impl Autostart {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Autostart::Yes => "true",
-            Autostart::No => "false",
-            Autostart::LastState => "last-state",
-        }
-    }
-}
-
-/// As it is written in TOML: true, false or "last-state".
-impl serde::Serialize for Autostart {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Autostart::Yes => s.serialize_bool(true),
-            Autostart::No => s.serialize_bool(false),
-            Autostart::LastState => s.serialize_str("last-state"),
         }
     }
 }
@@ -357,7 +327,63 @@ fn finish(
     kind: Option<WorkloadKind>,
     host: &HostSettings,
 ) -> Result<Workload, Vec<ConfigError>> {
-    let description = r.opt_text("description").and_then(|d| {
+    let description = description(&mut r);
+    let autostart = r.autostart("autostart", host.default_autostart);
+    let order = r.int("order", 0, -1_000_000, 1_000_000);
+    let start_delay_s = r.int("start_delay_s", 0, 0, 3600) as u64;
+    let stop_action = stop_action(&mut r, kind.as_ref());
+    let stop_delay_s = r.int("stop_delay_s", host.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
+    let ready = readiness(&mut r);
+    let ready_exec = r.take("ready_exec").and_then(|v| argv(&mut r, "ready_exec", v));
+    let force_off_on_timeout = r.bool("force_off_on_timeout", host.force_off_on_timeout);
+    let (after, wants) = dependencies(&mut r, path, name, kind.as_ref());
+    let environment = environment(&mut r);
+    let (user, group) = accounts(&mut r, host);
+    let mut service = Vec::new();
+    if let Some(t) = r.opt_table("service") {
+        service = passthrough::validate(t, path, &mut r.errors);
+    }
+    let ha = ha_policy(&mut r, host, force_off_on_timeout);
+    if let Some(WorkloadKind::Command { exec, stop_exec }) = &kind {
+        check_execve(
+            &mut r,
+            exec,
+            stop_exec.as_deref(),
+            ready_exec.as_deref(),
+            &environment,
+            &service,
+        );
+    }
+    errors.append(&mut r.finish(WORKLOAD_KEYS));
+    match kind {
+        Some(kind) if errors.is_empty() => Ok(Workload {
+            name: name.to_string(),
+            source: path.to_path_buf(),
+            description,
+            kind,
+            autostart,
+            order,
+            start_delay_s,
+            stop_action,
+            ready,
+            ready_exec,
+            stop_delay_s,
+            force_off_on_timeout,
+            after,
+            wants,
+            environment,
+            user,
+            group,
+            service,
+            ha,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// `description`: what systemd keeps of it must stay one line.
+fn description(r: &mut Reader) -> Option<String> {
+    r.opt_text("description").and_then(|d| {
         // systemd strips ASCII whitespace around a value; what remains is
         // what must not end in a backslash (that would continue the line).
         let d = d.trim_matches([' ', '\t']).to_string();
@@ -370,12 +396,13 @@ fn finish(
         } else {
             Some(d)
         }
-    });
+    })
+}
 
-    let autostart = r.autostart("autostart", host.default_autostart);
-    let order = r.int("order", 0, -1_000_000, 1_000_000);
-    let start_delay_s = r.int("start_delay_s", 0, 0, 3600) as u64;
-    let stop_action = match r.opt_text("stop_action").as_deref() {
+/// `stop_action`; `save` only for a libvirt guest (or a kind unknown
+/// for its own errors).
+fn stop_action(r: &mut Reader, kind: Option<&WorkloadKind>) -> StopAction {
+    match r.opt_text("stop_action").as_deref() {
         None | Some("guest_shutdown") => StopAction::GuestShutdown,
         Some("power_off") => StopAction::PowerOff,
         Some("save") if matches!(kind, Some(WorkloadKind::Libvirt { .. }) | None) => StopAction::Save,
@@ -393,24 +420,32 @@ fn finish(
             );
             StopAction::GuestShutdown
         }
-    };
-    let stop_delay_s = r.int("stop_delay_s", host.default_stop_delay_s as i64, 1, MAX_DELAY_S) as u64;
-    let ready = match r.opt_text("ready").as_deref() {
+    }
+}
+
+fn readiness(r: &mut Reader) -> Readiness {
+    match r.opt_text("ready").as_deref() {
         None | Some("exec") => Readiness::Exec,
         Some("notify") => Readiness::Notify,
         Some(other) => {
             r.error("ready", format!("must be \"exec\" or \"notify\", not {other:?}"));
             Readiness::Exec
         }
-    };
-    let ready_exec = r.take("ready_exec").and_then(|v| argv(&mut r, "ready_exec", v));
-    let force_off_on_timeout = r.bool("force_off_on_timeout", host.force_off_on_timeout);
+    }
+}
 
+/// `after` and `wants`: unit names, none of them the workload itself.
+fn dependencies(
+    r: &mut Reader,
+    path: &Path,
+    name: &str,
+    kind: Option<&WorkloadKind>,
+) -> (Vec<String>, Vec<String>) {
     let mut after = Vec::new();
     let mut wants = Vec::new();
     for (key, out) in [("after", &mut after), ("wants", &mut wants)] {
         if let Some(list) = r.text_list(key, "unit name") {
-            let itself = match &kind {
+            let itself = match kind {
                 Some(WorkloadKind::Existing { unit }) => list.iter().position(|u| u == unit),
                 _ => None,
             };
@@ -425,7 +460,11 @@ fn finish(
             }
         }
     }
+    (after, wants)
+}
 
+/// `[environment]`: variable names and values a unit file can carry.
+fn environment(r: &mut Reader) -> BTreeMap<String, String> {
     let mut environment = BTreeMap::new();
     if let Some(env) = r.opt_table("environment") {
         for (var, value) in env {
@@ -452,11 +491,13 @@ fn finish(
             }
         }
     }
+    environment
+}
 
-    let user = r.opt_text("user").filter(|u| account_name_ok(&mut r, "user", u));
-    let group = r
-        .opt_text("group")
-        .filter(|g| account_name_ok(&mut r, "group", g));
+/// `user` and `group`, which only the system manager may switch to.
+fn accounts(r: &mut Reader, host: &HostSettings) -> (Option<String>, Option<String>) {
+    let user = r.opt_text("user").filter(|u| account_name_ok(r, "user", u));
+    let group = r.opt_text("group").filter(|g| account_name_ok(r, "group", g));
     if host.manager == Manager::User {
         // A user manager runs everything as its user; systemd would fail
         // the start with "Operation not permitted" (216/GROUP).
@@ -469,72 +510,50 @@ fn finish(
             }
         }
     }
+    (user, group)
+}
 
-    let mut service = Vec::new();
-    if let Some(t) = r.opt_table("service") {
-        service = passthrough::validate(t, path, &mut r.errors);
-    }
-    let ha = ha_policy(&mut r, host, force_off_on_timeout);
-    if let Some(WorkloadKind::Command { exec, stop_exec }) = &kind {
-        let commands = [
-            ("exec", Some(exec)),
-            ("stop_exec", stop_exec.as_ref()),
-            ("ready_exec", ready_exec.as_ref()),
-        ];
-        let stack = service
-            .iter()
-            .find(|s| s.key == "LimitSTACK")
-            .map(|s| s.value.as_str());
-        for (key, argv) in commands {
-            let Some(argv) = argv else { continue };
-            match execve_fits(argv, &environment, stack) {
-                Ok(()) => {}
-                Err(ExecveTooBig::Variable { name, bytes }) => {
-                    r.error(
-                        &format!("environment.{name}"),
-                        format!(
-                            "is {bytes} bytes as NAME=VALUE with its NUL; Linux takes at most {MAX_ARG_STRLEN} per string"
-                        ),
-                    );
-                    // The same for every command: said once.
-                    break;
-                }
-                Err(ExecveTooBig::Total { bytes, limit }) => r.error(
-                    if environment.is_empty() {
-                        key
-                    } else {
-                        "environment"
-                    },
-                    too_big_for_execve(key, bytes, limit),
-                ),
+/// Each command, with the environment, within what execve(2) takes.
+fn check_execve(
+    r: &mut Reader,
+    exec: &[String],
+    stop_exec: Option<&[String]>,
+    ready_exec: Option<&[String]>,
+    environment: &BTreeMap<String, String>,
+    service: &[ServiceSetting],
+) {
+    let commands = [
+        ("exec", Some(exec)),
+        ("stop_exec", stop_exec),
+        ("ready_exec", ready_exec),
+    ];
+    let stack = service
+        .iter()
+        .find(|s| s.key == "LimitSTACK")
+        .map(|s| s.value.as_str());
+    for (key, argv) in commands {
+        let Some(argv) = argv else { continue };
+        match execve_fits(argv, environment, stack) {
+            Ok(()) => {}
+            Err(ExecveTooBig::Variable { name, bytes }) => {
+                r.error(
+                    &format!("environment.{name}"),
+                    format!(
+                        "is {bytes} bytes as NAME=VALUE with its NUL; Linux takes at most {MAX_ARG_STRLEN} per string"
+                    ),
+                );
+                // The same for every command: said once.
+                break;
             }
+            Err(ExecveTooBig::Total { bytes, limit }) => r.error(
+                if environment.is_empty() {
+                    key
+                } else {
+                    "environment"
+                },
+                too_big_for_execve(key, bytes, limit),
+            ),
         }
-    }
-
-    errors.append(&mut r.finish(WORKLOAD_KEYS));
-    match kind {
-        Some(kind) if errors.is_empty() => Ok(Workload {
-            name: name.to_string(),
-            source: path.to_path_buf(),
-            description,
-            kind,
-            autostart,
-            order,
-            start_delay_s,
-            stop_action,
-            ready,
-            ready_exec,
-            stop_delay_s,
-            force_off_on_timeout,
-            after,
-            wants,
-            environment,
-            user,
-            group,
-            service,
-            ha,
-        }),
-        _ => Err(errors),
     }
 }
 
@@ -804,120 +823,6 @@ fn account_name_ok(r: &mut Reader, key: &str, name: &str) -> bool {
     }
 }
 
-/// Units that power off, reboot or change the system's mode when started,
-/// or only exist for shutdown: never something a workload needs.
-const SHUTDOWN_AND_MODE_UNITS: &[&str] = &[
-    "shutdown.target",
-    "final.target",
-    "umount.target",
-    "poweroff.target",
-    "reboot.target",
-    "halt.target",
-    "kexec.target",
-    "soft-reboot.target",
-    "exit.target",
-    "ctrl-alt-del.target",
-    "rescue.target",
-    "emergency.target",
-    "rescue.service",
-    "emergency.service",
-    "systemd-poweroff.service",
-    "systemd-reboot.service",
-    "systemd-halt.service",
-    "systemd-kexec.service",
-    "systemd-exit.service",
-];
-
-/// Unit types a workload may name in `after`/`wants`, and the drain in
-/// `drain_after`.
-const UNIT_SUFFIXES: &[&str] = &[
-    ".service",
-    ".socket",
-    ".target",
-    ".mount",
-    ".automount",
-    ".device",
-    ".path",
-    ".timer",
-    ".swap",
-    ".slice",
-    ".scope",
-];
-
-pub fn is_valid_unit_name(name: &str) -> bool {
-    let Some(suffix) = UNIT_SUFFIXES.iter().find(|s| name.ends_with(*s)) else {
-        return false;
-    };
-    let stem = &name[..name.len() - suffix.len()];
-    let (prefix, instance) = match stem.split_once('@') {
-        Some((p, i)) => (p, Some(i)),
-        None => (stem, None),
-    };
-    let ok = |s: &str| {
-        s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '.' | '-' | '\\'))
-    };
-    name.len() <= 255
-        && !prefix.is_empty()
-        && ok(prefix)
-        && instance.is_none_or(|i| !i.is_empty() && !i.contains('@') && ok(i))
-}
-
-/// Validates a list of unit names for `after`/`wants` (with `workload`
-/// set) or `drain_after` (without). Returns the first problem.
-pub(super) fn check_unit_list(
-    list: &[String],
-    file: &Path,
-    key: &str,
-    workload: Option<&str>,
-) -> Result<(), ConfigError> {
-    for (i, unit) in list.iter().enumerate() {
-        let at = format!("{key}[{i}]");
-        if !is_valid_unit_name(unit) {
-            return Err(ConfigError::key(
-                file,
-                at,
-                format!("{unit:?} is not a valid unit name (e.g. \"network-online.target\")"),
-            ));
-        }
-        if SHUTDOWN_AND_MODE_UNITS.contains(&unit.as_str()) {
-            return Err(ConfigError::key(
-                file,
-                at,
-                format!(
-                    "{unit} is a shutdown or rescue unit; wanting or ordering against it would halt, reboot or isolate the host"
-                ),
-            ));
-        }
-        if PACKAGED_UNITS.contains(&unit.as_str()) {
-            return Err(ConfigError::key(
-                file,
-                at,
-                format!(
-                    "{unit} is one of berth's own units; ordering against it would deadlock boot or shutdown"
-                ),
-            ));
-        }
-        let instance = instance_of(unit);
-        match (instance, workload) {
-            (Some(_), None) => {
-                return Err(ConfigError::key(
-                    file,
-                    at,
-                    format!(
-                        "{unit} is a workload the drain stops itself; waiting for it would deadlock the shutdown"
-                    ),
-                ));
-            }
-            (Some(other), Some(me)) if other == me => {
-                return Err(ConfigError::key(file, at, "a workload cannot depend on itself"));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -938,28 +843,6 @@ mod tests {
         });
         std::fs::remove_dir_all(&dir).unwrap();
         out
-    }
-
-    #[test]
-    fn unit_names() {
-        for ok in [
-            "network-online.target",
-            "libvirtd.service",
-            "getty@tty1.service",
-            "x\\x2dy.mount",
-        ] {
-            assert!(is_valid_unit_name(ok), "{ok}");
-        }
-        for bad in [
-            "libvirtd",
-            "a b.service",
-            ".service",
-            "a@b@c.service",
-            "x.conf",
-            "a;b.service",
-        ] {
-            assert!(!is_valid_unit_name(bad), "{bad}");
-        }
     }
 
     #[test]

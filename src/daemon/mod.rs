@@ -20,6 +20,7 @@ pub mod classify;
 mod supervisor;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -180,19 +181,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     let interval = options
         .reconcile_interval
         .unwrap_or(Duration::from_secs(loaded.host.daemon.reconcile_interval_s));
-    let socket = root.join(&loaded.host.daemon.socket);
-    let (api, socket) = if loaded.host.daemon.api && !options.no_api {
-        let shared = Shared::new(interval * 3 + Duration::from_secs(5));
-        match api::start(&socket, shared.clone()) {
-            Ok(bound) => (Some(shared), Some(bound)),
-            Err(e) => {
-                events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
-                (None, None)
-            }
-        }
-    } else {
-        (None, None)
-    };
+    let (api, socket) = serve_api(&root, &loaded, &options, interval, &events);
     let socket = socket.as_ref();
     // Cluster mode: the agent's own thread joins and keeps the lease.
     let cluster = crate::state::runs::boot_id()
@@ -202,34 +191,7 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     sup.share_watched(watched);
     sup.cluster = cluster;
 
-    // The records the first pass writes (few: it leaves the reads and
-    // their records for after READY) synced together, before READY.
-    let batch = atomic::Batch::begin();
-    let pass_began = std::time::Instant::now();
-    let running = sup.pass(true).await;
-    let pass_us = pass_began.elapsed().as_micros();
-    let pass_ms = pass_us / 1000;
-    if let Err(e) = batch.commit() {
-        sup.events
-            .warn(&format!("cannot sync the records of the first pass: {e}"));
-    }
-    let sync_ms = pass_began.elapsed().as_millis() - pass_ms;
-    sup.events.emit(
-        log::Level::Info,
-        ADOPTED_MESSAGE_ID,
-        &[
-            ("BERTH_ADOPTED", running.to_string()),
-            ("BERTH_PASS_MS", pass_ms.to_string()),
-            ("BERTH_PASS_US", pass_us.to_string()),
-            ("BERTH_SYNC_MS", sync_ms.to_string()),
-        ],
-        &format!("adopted {running} running workloads (left untouched)"),
-    );
-    sup.log_health();
-    let _ = sd_notify::notify(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!("supervising {running} running workloads")),
-    ]);
+    adopt_then_ready(&mut sup).await;
 
     let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
@@ -283,44 +245,14 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 if binary_replaced() {
                     return Ok(leave(&mut sup, socket, Exit::Relaunch, "the berth binary was replaced: relaunching (exit 75)"));
                 }
-                let began = std::time::Instant::now();
-                let running = sup.pass(false).await;
-                // A pass's listing of every unit is garbage now.
-                release_free_memory();
-                // Its duration too: what a pass costs at this host's size
-                // is one `systemctl status` away (and the scale benchmark
-                // reads it there), and what adoption has left to read.
-                let left = sup.after_ready.len() + sup.fill.len();
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
-                    "supervising {running} running workloads{}; last pass {} took {:.1} ms",
-                    if left > 0 { format!(", {left} still to look at") } else { String::new() },
-                    rfc3339(sup.heartbeat),
-                    began.elapsed().as_secs_f64() * 1000.0
-                ))]);
+                pass(&mut sup).await;
             }
             _ = watchdog_tick.tick() => {
                 if fault_hang {
                     sup.events.warn("BERTH_DAEMON_FAULT=hang: the loop stops here (test hook)");
                     loop { std::thread::sleep(Duration::from_secs(3600)); }
                 }
-                // sd_notify opens a socket per call: with no descriptor
-                // left the ping fails, and systemd would kill a healthy
-                // loop. The API's caps keep descriptors free; a failure
-                // is said, not swallowed.
-                // In cluster mode only while the agent's thread runs too: a
-                // daemon whose keep-alives stalled is killed (and fenced)
-                // before its lease could outlive it.
-                let agent_stalled = match (&sup.cluster, watchdog) {
-                    (Some(agent), Some(half)) => !agent.state.alive(2 * half),
-                    _ => false,
-                };
-                if agent_stalled {
-                    sup.events.warn("watchdog: no ping, the cluster agent made no progress");
-                } else if watchdog.is_some()
-                    && let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Watchdog])
-                {
-                    sup.events.warn(&format!("watchdog ping failed: {e}"));
-                }
+                ping_watchdog(&sup, watchdog);
             }
             _ = sigterm.recv() => return Ok(leave(&mut sup, socket, Exit::Stopped, "")),
             _ = sighup.recv() => {
@@ -329,6 +261,102 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
                 }
             }
         }
+    }
+}
+
+/// The API on its socket, unless turned off (or it cannot bind: said,
+/// and the daemon goes on without it).
+fn serve_api(
+    root: &Root,
+    loaded: &config::Loaded,
+    options: &Options,
+    interval: Duration,
+    events: &Events,
+) -> (Option<Arc<Shared>>, Option<api::Bound>) {
+    if !loaded.host.daemon.api || options.no_api {
+        return (None, None);
+    }
+    let socket = root.join(&loaded.host.daemon.socket);
+    let shared = Shared::new(interval * 3 + Duration::from_secs(5));
+    match api::start(&socket, shared.clone()) {
+        Ok(bound) => (Some(shared), Some(bound)),
+        Err(e) => {
+            events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
+            (None, None)
+        }
+    }
+}
+
+/// The first pass adopts what runs (its records synced together: few, it
+/// leaves the reads and their records for after READY), then READY.
+async fn adopt_then_ready<O: Ops>(sup: &mut Supervisor<O>) {
+    let batch = atomic::Batch::begin();
+    let pass_began = std::time::Instant::now();
+    let running = sup.pass(true).await;
+    let pass_us = pass_began.elapsed().as_micros();
+    let pass_ms = pass_us / 1000;
+    if let Err(e) = batch.commit() {
+        sup.events
+            .warn(&format!("cannot sync the records of the first pass: {e}"));
+    }
+    let sync_ms = pass_began.elapsed().as_millis() - pass_ms;
+    sup.events.emit(
+        log::Level::Info,
+        ADOPTED_MESSAGE_ID,
+        &[
+            ("BERTH_ADOPTED", running.to_string()),
+            ("BERTH_PASS_MS", pass_ms.to_string()),
+            ("BERTH_PASS_US", pass_us.to_string()),
+            ("BERTH_SYNC_MS", sync_ms.to_string()),
+        ],
+        &format!("adopted {running} running workloads (left untouched)"),
+    );
+    sup.log_health();
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("supervising {running} running workloads")),
+    ]);
+}
+
+/// A reconcile pass, its duration told in the unit's status: what a pass
+/// costs at this host's size is one `systemctl status` away (and the
+/// scale benchmark reads it there), and what adoption has left to read.
+async fn pass<O: Ops>(sup: &mut Supervisor<O>) {
+    let began = std::time::Instant::now();
+    let running = sup.pass(false).await;
+    // A pass's listing of every unit is garbage now.
+    release_free_memory();
+    let left = sup.after_ready.len() + sup.fill.len();
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+        "supervising {running} running workloads{}; last pass {} took {:.1} ms",
+        if left > 0 {
+            format!(", {left} still to look at")
+        } else {
+            String::new()
+        },
+        rfc3339(sup.heartbeat),
+        began.elapsed().as_secs_f64() * 1000.0
+    ))]);
+}
+
+/// Pings the watchdog (`watchdog`: half its period, when it is on). In
+/// cluster mode only while the agent's thread runs too: a daemon whose
+/// keep-alives stalled is killed (and fenced) before its lease could
+/// outlive it. sd_notify opens a socket per call: with no descriptor left
+/// the ping fails, and systemd would kill a healthy loop; the API's caps
+/// keep descriptors free, and a failure is said, not swallowed.
+fn ping_watchdog<O: Ops>(sup: &Supervisor<O>, watchdog: Option<Duration>) {
+    let agent_stalled = match (&sup.cluster, watchdog) {
+        (Some(agent), Some(half)) => !agent.state.alive(2 * half),
+        _ => false,
+    };
+    if agent_stalled {
+        sup.events
+            .warn("watchdog: no ping, the cluster agent made no progress");
+    } else if watchdog.is_some()
+        && let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Watchdog])
+    {
+        sup.events.warn(&format!("watchdog ping failed: {e}"));
     }
 }
 

@@ -392,18 +392,37 @@ impl<O: Ops> Supervisor<O> {
     /// when a transition is to be recorded); None: ask systemd now.
     async fn reconcile(&mut self, name: &str, seen_by: SeenBy, known: Option<UnitDetails>) {
         let unit = self.units.unit_of(name);
+        let Some((details, now)) = self.settled(name, &unit, seen_by, known).await else {
+            return;
+        };
+        let job = self.track(name, &unit, &details, now, seen_by);
+        let record = self.record(name, &unit, &details, now, job.as_ref(), seen_by);
+        self.publish(name, unit, &details, record);
+    }
+
+    /// The unit's settled state, read again where a signal cannot tell;
+    /// None when there is nothing to record now (not settled, not
+    /// followed, a stale signal, or put off: deferred or after READY).
+    async fn settled(
+        &mut self,
+        name: &str,
+        unit: &str,
+        seen_by: SeenBy,
+        known: Option<UnitDetails>,
+    ) -> Option<(UnitDetails, Settled)> {
         let mut details = match known {
             Some(known) => known,
-            None => match self.details(&unit).await {
+            None => match self.details(unit).await {
                 Some(details) => details,
-                None => return self.deferred.push(name.to_string()),
+                None => {
+                    self.deferred.push(name.to_string());
+                    return None;
+                }
             },
         };
-        let Some(mut now) = Settled::of(&details.active_state) else {
-            return;
-        };
+        let mut now = Settled::of(&details.active_state)?;
         if !self.is_followed(name, &details.active_state) {
-            return;
+            return None;
         }
         let recorded = records::load(&self.root, name).ok().flatten();
         let was_running = recorded.as_ref().is_some_and(|r| r.state == RecordState::Running);
@@ -419,7 +438,7 @@ impl<O: Ops> Supervisor<O> {
             // read late (after the drain recorded it and let go of the
             // lock) became a start nobody made, then a user's stop.
             if details.job_id != 0 {
-                return;
+                return None;
             }
             let shown = details.invocation_id.as_str();
             let running = recorded
@@ -428,19 +447,19 @@ impl<O: Ops> Supervisor<O> {
                 .and_then(|r| r.invocation_id.as_deref());
             let ended = self.ended.get(name).is_some_and(|e| e.iter().any(|i| i == shown));
             if ended && running != Some(shown) {
-                return;
+                return None;
             }
             // Another instance than the running one on record, shown down:
             // older or newer, only a read now can tell.
             if now != Settled::Running && running.is_some_and(|r| r != shown) {
-                details = match self.details(&unit).await {
+                details = match self.details(unit).await {
                     Some(details) => details,
-                    None => return self.deferred.push(name.to_string()),
+                    None => {
+                        self.deferred.push(name.to_string());
+                        return None;
+                    }
                 };
-                now = match Settled::of(&details.active_state) {
-                    Some(now) => now,
-                    None => return,
-                };
+                now = Settled::of(&details.active_state)?;
             }
         }
         // An adoption records neither an exit cause nor an InvocationID:
@@ -452,22 +471,38 @@ impl<O: Ops> Supervisor<O> {
             && recorded.as_ref().is_none_or(|r| r.state == RecordState::Unknown);
         if self.first_pass && (adopting || (was_running && now == Settled::Running)) {
             self.after_ready.push_back(name.to_string());
-            return;
+            return None;
         }
         if (now == Settled::Running) != was_running && details.invocation_id.is_empty() && !adopting {
             // The first pass too: a thousand workloads started while no
             // daemon ran took 2.8 s of reads and records before READY.
             if self.passing || self.first_pass {
                 self.after_ready.push_back(name.to_string());
-                return;
+                return None;
             }
-            details = match self.details(&unit).await {
+            details = match self.details(unit).await {
                 Some(details) => details,
-                None => return self.deferred.push(name.to_string()),
+                None => {
+                    self.deferred.push(name.to_string());
+                    return None;
+                }
             };
         } else if details.invocation_id.is_empty() && self.api.is_some() {
             self.fill.push_back(name.to_string());
         }
+        Some((details, now))
+    }
+
+    /// Notes the unit's state for the next pass; the job this daemon saw
+    /// end on it lately, which explains what follows.
+    fn track(
+        &mut self,
+        name: &str,
+        unit: &str,
+        details: &UnitDetails,
+        now: Settled,
+        seen_by: SeenBy,
+    ) -> Option<JobType> {
         match self.tracked.get_mut(name) {
             Some(t) => t.active = details.active_state.clone(),
             // First seen by a signal: its record's mtime is unknown, so
@@ -484,7 +519,7 @@ impl<O: Ops> Supervisor<O> {
         }
         let job = self
             .jobs
-            .get(&unit)
+            .get(unit)
             .filter(|(_, at)| at.elapsed() < JOB_MEMORY)
             .map(|(kind, _)| kind.clone());
         // A gone job that left the unit running (a start of a running
@@ -496,8 +531,23 @@ impl<O: Ops> Supervisor<O> {
             && details.job_id == 0
             && job.as_ref().is_some_and(|j| j.as_str() == classify::JOB_GONE)
         {
-            self.jobs.remove(&unit);
+            self.jobs.remove(unit);
         }
+        job
+    }
+
+    /// Records what the state means ([`classify::classify`]), telling a
+    /// transition in the journal before it is written; the record as it
+    /// is now.
+    fn record(
+        &mut self,
+        name: &str,
+        unit: &str,
+        details: &UnitDetails,
+        now: Settled,
+        job: Option<&JobType>,
+        seen_by: SeenBy,
+    ) -> Option<records::Record> {
         let stamp = rfc3339(SystemTime::now());
         // The definition on disk now (a daemon-reload may have brought a
         // new one since this daemon read its config), read only when a
@@ -511,7 +561,7 @@ impl<O: Ops> Supervisor<O> {
         // Written in place without waiting for the disk: see `unsynced`.
         let unsynced = crate::state::atomic::Batch::begin();
         let outcome = records::try_update(&self.root, name, |r| {
-            match classify::classify(r, now, current.as_deref(), job.as_ref(), seen_by) {
+            match classify::classify(r, now, current.as_deref(), job, seen_by) {
                 Decision::Nothing => false,
                 Decision::NoteInvocation => {
                     r.invocation_id = current.clone();
@@ -543,7 +593,7 @@ impl<O: Ops> Supervisor<O> {
                         r.invocation_id = current.clone();
                     } else {
                         r.stopped_at = Some(stamp.clone());
-                        r.exit_cause = Some(exit_cause(&details));
+                        r.exit_cause = Some(exit_cause(details));
                         r.invocation_id = None;
                     }
                     // Logged before the record is written, with the
@@ -594,14 +644,18 @@ impl<O: Ops> Supervisor<O> {
                 }
             }
         }
-        let record = match outcome {
+        match outcome {
             Ok(Some(updated)) => self.events.recorded(name, Ok(updated)),
             Ok(None) => {
                 self.deferred.push(name.to_string());
                 records::load(&self.root, name).ok().flatten()
             }
             Err(e) => self.events.recorded(name, Err(e)),
-        };
+        }
+    }
+
+    /// Tells the API's view of the workload.
+    fn publish(&self, name: &str, unit: String, details: &UnitDetails, record: Option<records::Record>) {
         if let Some(api) = &self.api {
             // Without fresh details, keep what the view already knows of
             // the same running instance rather than publish blanks.
@@ -614,7 +668,7 @@ impl<O: Ops> Supervisor<O> {
             }
             api.publish(WorkloadView {
                 name: name.to_string(),
-                unit: unit.clone(),
+                unit,
                 active_state: details.active_state.clone(),
                 main_pid,
                 invocation_id,

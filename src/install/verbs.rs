@@ -28,122 +28,192 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>, force: bool) -> Resul
     let old = manifest::read(root)
         .map_err(|e| fail(Step::Preflight, e))?
         .unwrap_or_default();
-    let packaged = packaged_unit(root);
-    let layout = Layout::for_root(root, bindir);
-    let wanted: Vec<(PathBuf, FileContent)> = match &packaged {
-        Some(_) => Vec::new(),
-        None => {
-            let exe = std::env::current_exe().map_err(|e| fail(Step::Preflight, e))?;
-            planned_files(root, &layout, &exe).map_err(|e| fail(Step::Preflight, e))?
-        }
+    let packaged = packaged_unit(root).is_some();
+    let wanted: Vec<(PathBuf, FileContent)> = if packaged {
+        Vec::new()
+    } else {
+        let exe = std::env::current_exe().map_err(|e| fail(Step::Preflight, e))?;
+        planned_files(root, &Layout::for_root(root, bindir), &exe).map_err(|e| fail(Step::Preflight, e))?
     };
-    let recorded = |p: &Path| old.files.iter().find(|f| f.path == p);
-    let to_write: Vec<&(PathBuf, FileContent)> = wanted.iter().filter(|(p, c)| !c.is_at(p)).collect();
-    // Never replace what berth install did not write, or what changed
-    // since it did (an admin's edit), unless told to.
-    let foreign: Vec<String> = to_write
-        .iter()
-        .filter(|(p, _)| fs::symlink_metadata(p).is_ok())
-        .filter(|(p, _)| recorded(p).is_none_or(|f| fingerprint_of(p).as_ref() != Some(&f.fingerprint)))
-        .map(|(p, _)| p.display().to_string())
-        .collect();
-    if !foreign.is_empty() && !force {
-        return Err(fail(
-            Step::Preflight,
-            format!(
-                "{} exist(s), differ(s) from what install would write, and berth install did not write it \
-                 or it changed since; remove it, or pass --force to replace it",
-                foreign.join(", ")
-            ),
-        ));
-    }
-    // Files an earlier install wrote that this one does not want: copies
-    // that would now shadow packaged units, or units no longer rendered.
-    let stale: Vec<&InstalledFile> = old
-        .files
-        .iter()
-        .filter(|f| !wanted.iter().any(|(p, _)| *p == f.path))
-        .collect();
-    // What install owns from now on: what it writes now and what it wrote
-    // before. A file that is already there, identical, and was never
-    // written by install (a `cargo install` binary, say) stays the user's.
-    let owned: Vec<InstalledFile> = wanted
-        .iter()
-        .filter(|(p, c)| recorded(p).is_some() || !c.is_at(p))
-        .map(|(path, c)| InstalledFile {
-            path: path.clone(),
-            fingerprint: c.fingerprint(),
-        })
-        .collect();
-    let mut manifest = Manifest {
-        source: if packaged.is_some() {
-            Source::Package
-        } else {
-            Source::Files
-        },
-        files: owned.clone(),
-        enabled_target: old.enabled_target,
-        started_target: old.started_target,
-    };
-
+    let plan = Plan::of(&old, &wanted, packaged, force)?;
     let sd = retrying(&mut report, Step::Connect, || Systemd::connect(root.manager())).await?;
-
-    if !to_write.is_empty() || !stale.is_empty() {
-        // Recorded first, stale files included, so that uninstall can undo
-        // whatever part of the writing below happens.
-        manifest.files.extend(stale.iter().map(|f| (*f).clone()));
-        manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
-        // The daemon may be running from the very files being replaced.
-        let stopped = stop_and_wait(&sd, &mut report, DAEMON, Step::StopOldDaemon).await?;
-        if stopped {
-            report.say(format!(
-                "stopped {DAEMON} before replacing its files (workloads untouched)"
-            ));
-        }
-        let written = replace_files(&to_write, &stale, &mut report);
-        if let Err(e) = written {
-            if stopped {
-                // Best effort: the old daemon back, from whatever is there.
-                let _ = sd.start(DAEMON).await;
-            }
-            return Err(e);
-        }
-        manifest.files = owned;
-        manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
-        if !to_write.is_empty() {
-            report.say(format!("wrote {} file(s) of {}", to_write.len(), wanted.len()));
-        }
-        let removed = stale.iter().filter(|f| !f.path.exists()).count();
-        if removed > 0 {
-            report.say(format!(
-                "removed {removed} file(s) of an earlier install that this one does not use"
-            ));
-        }
-    } else if old != manifest {
-        manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
-    }
+    let mut manifest = write_planned(&sd, root, &old, plan, wanted.len(), &mut report).await?;
     // Always: it also reruns the generators, so config written since the
     // last boot is what the target starts with. A reload changes no unit's
     // state, so a repeated install stays a no-op.
     retrying(&mut report, Step::Reload, || sd.reload()).await?;
+    enable_target(&sd, root, &mut manifest, &mut report).await?;
+    let loaded = config::load(root);
+    start_target(&sd, root, &mut manifest, loaded.host.daemon.enabled, &mut report).await?;
+    let verified = verify(&sd, &mut report, loaded.host.daemon.enabled).await?;
+    report.say(verified);
+    if root.manager() == Manager::User {
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten();
+        if let Some(note) = user.and_then(|u| linger_note(root, &u.name)) {
+            report.say(note);
+        }
+    }
+    Ok(report)
+}
 
-    let state = retrying(&mut report, Step::Enable, || sd.unit_file_state(TARGET)).await?;
+/// What an install writes, removes and owns afterwards.
+struct Plan<'a> {
+    to_write: Vec<&'a (PathBuf, FileContent)>,
+    /// Files an earlier install wrote that this one does not want: copies
+    /// that would now shadow packaged units, or units no longer rendered.
+    stale: Vec<&'a InstalledFile>,
+    /// What install owns from now on: what it writes now and what it
+    /// wrote before. A file that is already there, identical, and was
+    /// never written by install (a `cargo install` binary, say) stays the
+    /// user's.
+    owned: Vec<InstalledFile>,
+    manifest: Manifest,
+}
+
+impl<'a> Plan<'a> {
+    fn of(
+        old: &'a Manifest,
+        wanted: &'a [(PathBuf, FileContent)],
+        packaged: bool,
+        force: bool,
+    ) -> Result<Plan<'a>, Error> {
+        let recorded = |p: &Path| old.files.iter().find(|f| f.path == p);
+        let to_write: Vec<&(PathBuf, FileContent)> = wanted.iter().filter(|(p, c)| !c.is_at(p)).collect();
+        // Never replace what berth install did not write, or what changed
+        // since it did (an admin's edit), unless told to.
+        let foreign: Vec<String> = to_write
+            .iter()
+            .filter(|(p, _)| fs::symlink_metadata(p).is_ok())
+            .filter(|(p, _)| recorded(p).is_none_or(|f| fingerprint_of(p).as_ref() != Some(&f.fingerprint)))
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        if !foreign.is_empty() && !force {
+            return Err(fail(
+                Step::Preflight,
+                format!(
+                    "{} exist(s), differ(s) from what install would write, and berth install did not write it \
+                     or it changed since; remove it, or pass --force to replace it",
+                    foreign.join(", ")
+                ),
+            ));
+        }
+        let stale = old
+            .files
+            .iter()
+            .filter(|f| !wanted.iter().any(|(p, _)| *p == f.path))
+            .collect();
+        let owned: Vec<InstalledFile> = wanted
+            .iter()
+            .filter(|(p, c)| recorded(p).is_some() || !c.is_at(p))
+            .map(|(path, c)| InstalledFile {
+                path: path.clone(),
+                fingerprint: c.fingerprint(),
+            })
+            .collect();
+        let manifest = Manifest {
+            source: if packaged { Source::Package } else { Source::Files },
+            files: owned.clone(),
+            enabled_target: old.enabled_target,
+            started_target: old.started_target,
+        };
+        Ok(Plan {
+            to_write,
+            stale,
+            owned,
+            manifest,
+        })
+    }
+}
+
+/// Writes and removes what `plan` says, the manifest recorded before and
+/// after; the manifest as it stands.
+async fn write_planned(
+    sd: &Systemd,
+    root: &Root,
+    old: &Manifest,
+    plan: Plan<'_>,
+    wanted: usize,
+    report: &mut Report,
+) -> Result<Manifest, Error> {
+    let Plan {
+        to_write,
+        stale,
+        owned,
+        mut manifest,
+    } = plan;
+    if to_write.is_empty() && stale.is_empty() {
+        if *old != manifest {
+            manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
+        }
+        return Ok(manifest);
+    }
+    // Recorded first, stale files included, so that uninstall can undo
+    // whatever part of the writing below happens.
+    manifest.files.extend(stale.iter().map(|f| (*f).clone()));
+    manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
+    // The daemon may be running from the very files being replaced.
+    let stopped = stop_and_wait(sd, report, DAEMON, Step::StopOldDaemon).await?;
+    if stopped {
+        report.say(format!(
+            "stopped {DAEMON} before replacing its files (workloads untouched)"
+        ));
+    }
+    let written = replace_files(&to_write, &stale, report);
+    if let Err(e) = written {
+        if stopped {
+            // Best effort: the old daemon back, from whatever is there.
+            let _ = sd.start(DAEMON).await;
+        }
+        return Err(e);
+    }
+    manifest.files = owned;
+    manifest::write(root, &manifest).map_err(|e| fail(Step::WriteFiles, e))?;
+    if !to_write.is_empty() {
+        report.say(format!("wrote {} file(s) of {wanted}", to_write.len()));
+    }
+    let removed = stale.iter().filter(|f| !f.path.exists()).count();
+    if removed > 0 {
+        report.say(format!(
+            "removed {removed} file(s) of an earlier install that this one does not use"
+        ));
+    }
+    Ok(manifest)
+}
+
+/// Enables berth.target unless it is, noted in the manifest.
+async fn enable_target(
+    sd: &Systemd,
+    root: &Root,
+    manifest: &mut Manifest,
+    report: &mut Report,
+) -> Result<(), Error> {
+    let state = retrying(report, Step::Enable, || sd.unit_file_state(TARGET)).await?;
     if !is_enabled(&state) {
-        retrying(&mut report, Step::Enable, || sd.enable_unit_file(TARGET)).await?;
-        retrying(&mut report, Step::Reload, || sd.reload()).await?;
+        retrying(report, Step::Enable, || sd.enable_unit_file(TARGET)).await?;
+        retrying(report, Step::Reload, || sd.reload()).await?;
         manifest.enabled_target = true;
-        manifest::write(root, &manifest).map_err(|e| fail(Step::Enable, e))?;
+        manifest::write(root, manifest).map_err(|e| fail(Step::Enable, e))?;
         report.say(format!("enabled {TARGET}"));
     }
+    Ok(())
+}
 
-    let loaded = config::load(root);
-    if retrying(&mut report, Step::Start, || sd.active_state(TARGET)).await? != ActiveState::Active
+/// Starts berth.target (noted in the manifest when install is what
+/// started it), and the daemon when it is enabled.
+async fn start_target(
+    sd: &Systemd,
+    root: &Root,
+    manifest: &mut Manifest,
+    daemon: bool,
+    report: &mut Report,
+) -> Result<(), Error> {
+    if retrying(report, Step::Start, || sd.active_state(TARGET)).await? != ActiveState::Active
         && !manifest.started_target
     {
         manifest.started_target = true;
-        manifest::write(root, &manifest).map_err(|e| fail(Step::Start, e))?;
+        manifest::write(root, manifest).map_err(|e| fail(Step::Start, e))?;
     }
-    let job = retrying(&mut report, Step::Start, || sd.start(TARGET)).await?;
+    let job = retrying(report, Step::Start, || sd.start(TARGET)).await?;
     match sd.wait(&job, Some(UNIT_WAIT)).await {
         Some(JobResult::Done) => {}
         Some(other) => {
@@ -159,21 +229,13 @@ pub async fn install(root: &Root, bindir: Option<PathBuf>, force: bool) -> Resul
             ));
         }
     }
-    if loaded.host.daemon.enabled {
+    if daemon {
         // Also after a reinstall that stopped it: berth.target was active
         // already, so starting it again need not restart what it wants.
-        let job = retrying(&mut report, Step::Start, || sd.start(DAEMON)).await?;
+        let job = retrying(report, Step::Start, || sd.start(DAEMON)).await?;
         sd.wait(&job, Some(UNIT_WAIT)).await;
     }
-    let verified = verify(&sd, &mut report, loaded.host.daemon.enabled).await?;
-    report.say(verified);
-    if root.manager() == Manager::User {
-        let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten();
-        if let Some(note) = user.and_then(|u| linger_note(root, &u.name)) {
-            report.say(note);
-        }
-    }
-    Ok(report)
+    Ok(())
 }
 
 /// A user manager without lingering stops at logout (draining the
