@@ -18,11 +18,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use etcd_client::{Client, EventType};
 
 use super::keys::{ClusterFreeze, Keys};
 use super::node::Node;
-use super::session::CALL_TIMEOUT;
+use super::session;
 use crate::state::cluster::{self as cluster_files, FreezeRevision as Processed};
 use crate::state::freeze::{self, Adopted, Freeze, Scope};
 
@@ -381,12 +381,7 @@ fn apply(node: &Node, actions: &[Action], when: When) -> bool {
 /// etcd did not answer.
 async fn listing(client: &mut Client, node: &Node, when: When) -> Option<((i64, u64), bool)> {
     let keys = &node.keys;
-    let got = tokio::time::timeout(
-        CALL_TIMEOUT,
-        client.get(keys.freezes(), Some(GetOptions::new().with_prefix())),
-    )
-    .await;
-    let Ok(Ok(r)) = got else { return None };
+    let r = session::list(client, &keys.freezes()).await.ok()?;
     let header = r.header()?;
     let (revision, cluster_id) = (header.revision(), header.cluster_id());
     let all: Vec<Seen> = r
@@ -433,11 +428,8 @@ pub async fn watch(mut client: Client, node: &Node, from: (i64, u64)) {
     let state_dir = node.root.state_dir();
     let (mut revision, mut cluster_id) = from;
     loop {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let watched = tokio::time::timeout(CALL_TIMEOUT, client.watch(keys.freezes(), Some(options))).await;
-        if let Ok(Ok(mut stream)) = watched {
+        let watched = session::watch(&mut client, &keys.freezes(), revision + 1, false).await;
+        if let Ok(mut stream) = watched {
             'stream: while let Ok(Some(r)) = stream.message().await {
                 if r.canceled() {
                     break;

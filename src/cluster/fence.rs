@@ -181,7 +181,7 @@ async fn settle<O: Ops>(sd: &O, node: &Node, client: &mut Option<Client>, lease:
             CompareOp::Equal,
             lease,
         )]);
-        match session::within(session::CALL_TIMEOUT, c.txn(txn)).await {
+        match session::txn(c, txn, session::CALL_TIMEOUT).await {
             Ok(r) if r.succeeded() => {}
             Ok(_) => strays.push(w),
             Err(_) => {
@@ -289,7 +289,7 @@ async fn lift<O: Ops + 'static>(
     for name in fenced.clone() {
         let key = node.keys.owner(&name);
         let txn = Txn::new().when(vec![Compare::lease(key.as_str(), CompareOp::Equal, lease)]);
-        match session::within(session::CALL_TIMEOUT, c.txn(txn)).await {
+        match session::txn(c, txn, session::CALL_TIMEOUT).await {
             Ok(r) if r.succeeded() => {
                 fenced.remove(&name);
                 node.events.info(&format!(

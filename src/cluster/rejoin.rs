@@ -24,7 +24,7 @@ use etcd_client::{Client, GetOptions};
 
 use super::keys::{Keys, LastState, NodeState};
 use super::node::Node;
-use super::session::CALL_TIMEOUT;
+use super::session;
 
 /// Whether this boot's rejoin is still to do (no mark of this boot).
 pub fn pending(runtime_dir: &Path, boot_id: &str) -> bool {
@@ -61,18 +61,12 @@ async fn look(client: &mut Client, keys: &Keys, node: &str) -> Option<Vec<String
             .collect()
     };
     let keys_only = || Some(GetOptions::new().with_prefix().with_keys_only());
-    let members = tokio::time::timeout(CALL_TIMEOUT, client.get(keys.members(), keys_only())).await;
-    let members = names(&members.ok()?.ok()?, &keys.members());
-    let present = tokio::time::timeout(CALL_TIMEOUT, client.get(keys.nodes(), keys_only())).await;
-    let present = names(&present.ok()?.ok()?, &keys.nodes());
+    let members = session::get(client, &keys.members(), keys_only()).await.ok()?;
+    let members = names(&members, &keys.members());
+    let present = session::get(client, &keys.nodes(), keys_only()).await.ok()?;
+    let present = names(&present, &keys.nodes());
     let dir = keys.last_state("");
-    let states = tokio::time::timeout(
-        CALL_TIMEOUT,
-        client.get(dir.as_str(), Some(GetOptions::new().with_prefix())),
-    )
-    .await
-    .ok()?
-    .ok()?;
+    let states = session::list(client, &dir).await.ok()?;
     let last_states = states
         .kvs()
         .iter()

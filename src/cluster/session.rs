@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse, WatchOptions, WatchStream,
+};
 use serde::Serialize;
 
 use crate::config::ClusterSettings;
@@ -96,6 +98,41 @@ pub async fn within<T, E: Into<ClusterError>>(
         Ok(r) => r.map_err(Into::into),
         Err(_) => Err(ClusterError::Unanswered(limit)),
     }
+}
+
+/// `key`'s value (or, with `options`, the keys under it), bounded.
+pub async fn get(
+    client: &mut Client,
+    key: &str,
+    options: Option<GetOptions>,
+) -> Result<GetResponse, ClusterError> {
+    within(CALL_TIMEOUT, client.get(key, options)).await
+}
+
+/// Every key under `prefix`, bounded.
+pub async fn list(client: &mut Client, prefix: &str) -> Result<GetResponse, ClusterError> {
+    get(client, prefix, Some(GetOptions::new().with_prefix())).await
+}
+
+/// A transaction, bounded by `limit`: an answer that never came may still
+/// have been applied, so callers compare before they act again.
+pub async fn txn(client: &mut Client, txn: Txn, limit: Duration) -> Result<TxnResponse, ClusterError> {
+    within(limit, client.txn(txn)).await
+}
+
+/// A watch of every key under `prefix` from `revision` on (with each
+/// deleted key's last value when `prev_kv`), opened within the bound.
+pub async fn watch(
+    client: &mut Client,
+    prefix: &str,
+    revision: i64,
+    prev_kv: bool,
+) -> Result<WatchStream, ClusterError> {
+    let mut options = WatchOptions::new().with_prefix().with_start_revision(revision);
+    if prev_kv {
+        options = options.with_prev_key();
+    }
+    within(CALL_TIMEOUT, client.watch(prefix, Some(options))).await
 }
 
 /// Connects to the cluster's endpoints, with TLS when configured.

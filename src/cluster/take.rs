@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp};
 
 use super::keys::Owner;
 use super::node::Node;
 use super::ownership::{self, Local, OwnerKey, View};
-use super::session::{CALL_TIMEOUT, boottime};
+use super::session::{self, CALL_TIMEOUT, boottime};
 use crate::config::Workload;
 use crate::events::Events;
 use crate::state::records::TransitionReason;
@@ -139,15 +139,7 @@ pub async fn run_with(
         .cloned()
         .collect();
     loop {
-        let listed = tokio::time::timeout(
-            CALL_TIMEOUT,
-            client.get(
-                node.settings.prefix.as_str(),
-                Some(GetOptions::new().with_prefix()),
-            ),
-        )
-        .await;
-        let Ok(Ok(listing)) = listed else {
+        let Ok(listing) = session::list(&mut client, &node.settings.prefix).await else {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
@@ -168,16 +160,8 @@ pub async fn run_with(
         // while no watch ran is invisible, so an unowned workload waits
         // this node's bound from now.
         view.relisted(presences, owners, &locals, true, boottime());
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_prev_key()
-            .with_start_revision(revision + 1);
-        let watched = tokio::time::timeout(
-            CALL_TIMEOUT,
-            client.watch(node.settings.prefix.as_str(), Some(options)),
-        )
-        .await;
-        let Ok(Ok(mut stream)) = watched else {
+        let Ok(mut stream) = session::watch(&mut client, &node.settings.prefix, revision + 1, true).await
+        else {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
@@ -252,7 +236,7 @@ async fn reannounce(
     // Only over a presence that says up: a drain's shutting-down or
     // drained is never turned back into up.
     let key = keys.node(&node.name);
-    let Ok(Ok(now)) = tokio::time::timeout(CALL_TIMEOUT, client.get(key.as_str(), None)).await else {
+    let Ok(now) = session::get(client, &key, None).await else {
         return;
     };
     let Some(kv) = now.kvs().first() else { return };
@@ -269,7 +253,7 @@ async fn reannounce(
     p.since = was.since;
     p.waiting = waiting.clone();
     let put = super::presence::announce_if_unchanged(client, keys, &node.name, lease, p, kv.mod_revision());
-    if let Ok(Ok(true)) = tokio::time::timeout(CALL_TIMEOUT, put).await {
+    if let Ok(true) = session::within(CALL_TIMEOUT, put).await {
         if frozen != announced.frozen {
             node.events.info(&format!(
                 "cluster: the node is {}: presence announced so",
@@ -366,8 +350,8 @@ async fn take_due(
                 value.as_str(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        match tokio::time::timeout(limit, client.txn(txn)).await {
-            Ok(Ok(r)) if r.succeeded() => {
+        match session::txn(client, txn, limit).await {
+            Ok(r) if r.succeeded() => {
                 view.owner_put(&local.name, value.as_bytes(), lease);
                 node.events.info(&format!(
                     "cluster: took {} (owner key on lease {lease:x}, stop bound {} s); starting it",
@@ -378,15 +362,10 @@ async fn take_due(
                 }
             }
             // Someone else's key came first: the watch brings it.
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => node
+            Ok(_) => {}
+            Err(e) => node
                 .events
                 .warn(&format!("cluster: cannot take {}: {e}", local.name)),
-            Err(_) => node.events.warn(&format!(
-                "cluster: cannot take {}: etcd did not answer within {} ms",
-                local.name,
-                limit.as_millis()
-            )),
         }
     }
 }
