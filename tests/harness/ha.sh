@@ -43,3 +43,23 @@ db_down_on() {
 }
 # says_more NODE TEXT BEFORE: NODE's daemon log has more lines with TEXT.
 says_more() { local n; n=$(count_in "$1" "$2"); [ "$n" != unreadable ] && [ "$n" -gt "$3" ]; }
+
+# ha_boot SCENARIO: three nodes, n1 n2 n3, each behind a relay of its own,
+# booted with db (`ha = true` on the three, in that order, stop_delay_s
+# STOP_DELAY) and the scenario's TTL and maintenance GRACE; with
+# HA_SLOW_ON_N3=1, n3 also runs slow (order 10: drained before db, its
+# stop takes 8 s).
+ha_boot() {
+    local n dir
+    HA_NODES=(n1 n2 n3)
+    for n in "${HA_NODES[@]}"; do
+        relay_start "$n"
+        dir=$HARNESS_DIR/config-$1-$n
+        cluster_config "$dir" "$n" "${RELAY_PORT[$n]}" "$TTL" maintenance_grace_period_s="$GRACE"
+        printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
+            "$STOP_DELAY" >"$dir/workloads/db.toml"
+        [ "$n" != n3 ] || [ "${HA_SLOW_ON_N3:-0}" != 1 ] ||
+            printf 'exec = ["/opt/berth-test/workload", "slow", "slow"]\norder = 10\n' >"$dir/workloads/slow.toml"
+        node_boot "$n" "$dir"
+    done
+}

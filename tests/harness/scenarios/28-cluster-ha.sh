@@ -30,18 +30,7 @@ STOP_DELAY=3
 # No ExecStop=, TimeoutStopSec= is stop_delay_s + 30: (0 + 1) * 33 + 5.
 BOUND=38
 etcd_start
-config_for() {
-    local dir=$HARNESS_DIR/config-28-$1
-    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL" maintenance_grace_period_s="$GRACE"
-    printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
-        "$STOP_DELAY" >"$dir/workloads/db.toml"
-    echo "$dir"
-}
-HA_NODES=(n1 n2 n3)
-for n in "${HA_NODES[@]}"; do
-    relay_start "$n"
-    node_boot "$n" "$(config_for "$n")"
-done
+ha_boot 28
 
 # The first candidate takes db. Nobody saw a previous owner let go, so it
 # waits one stop bound from its join before it takes.

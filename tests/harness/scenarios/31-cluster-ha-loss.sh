@@ -32,21 +32,7 @@ STOP_DELAY=3
 # No ExecStop=, TimeoutStopSec= is stop_delay_s + 30: (0 + 1) * 33 + 5.
 BOUND=38
 etcd_start
-config_for() {
-    local dir=$HARNESS_DIR/config-31-$1
-    cluster_config "$dir" "$1" "${RELAY_PORT[$1]}" "$TTL" maintenance_grace_period_s="$GRACE"
-    printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n1", "n2", "n3"]\nstop_delay_s = %s\n' \
-        "$STOP_DELAY" >"$dir/workloads/db.toml"
-    # On n3 only: a workload whose stop takes 8 s, drained before db.
-    [ "$1" != n3 ] || printf 'exec = ["/opt/berth-test/workload", "slow", "slow"]\norder = 10\n' \
-        >"$dir/workloads/slow.toml"
-    echo "$dir"
-}
-HA_NODES=(n1 n2 n3)
-for n in "${HA_NODES[@]}"; do
-    relay_start "$n"
-    node_boot "$n" "$(config_for "$n")"
-done
+HA_SLOW_ON_N3=1 ha_boot 31
 
 # n1, db's first candidate, takes it (one stop bound after its join).
 check "n1, db's first candidate, takes it" wait_for $((BOUND + 20)) has_owner n1
