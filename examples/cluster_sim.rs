@@ -124,14 +124,14 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
         return 1;
     };
     let boot_id = format!("sim-{node}-{}", std::process::id());
-    let mut sim = Node::new(
+    let sim = Node::new(
         settings.clone(),
         node.clone(),
         boot_id,
         root.clone(),
         &loaded.workloads,
+        Events::new("berth-sim"),
     );
-    sim.events = Events::new("berth-sim");
     let (mut client, joined) = loop {
         let attempt = async {
             let mut client = session::connect(&settings).await?;

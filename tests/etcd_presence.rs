@@ -78,7 +78,15 @@ fn node(
     dir: &tempfile::TempDir,
     ha: BTreeMap<String, String>,
 ) -> Node {
-    let mut node = Node::new(s.clone(), name.into(), boot.into(), Root::new(dir.path()), &[]);
+    let events = berth::events::Events::new("test");
+    let mut node = Node::new(
+        s.clone(),
+        name.into(),
+        boot.into(),
+        Root::new(dir.path()),
+        &[],
+        events,
+    );
     node.ha = ha;
     node
 }

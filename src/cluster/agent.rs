@@ -63,6 +63,7 @@ pub fn start_agent(
         boot_id,
         root.clone(),
         &loaded.workloads,
+        Events::new("berth-daemon"),
     );
     node.api = api;
     let state = node.lease.clone();

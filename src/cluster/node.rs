@@ -33,13 +33,15 @@ pub struct Node {
 }
 
 impl Node {
-    /// `configured`: every workload configured here.
+    /// `configured`: every workload configured here; `events`: where the
+    /// node's process says what it does (the daemon's, the drain's).
     pub fn new(
         settings: ClusterSettings,
         name: String,
         boot_id: String,
         root: Root,
         configured: &[Workload],
+        events: Events,
     ) -> Node {
         let workloads: Vec<Workload> = configured.iter().filter(|w| w.ha.is_some()).cloned().collect();
         Node {
@@ -53,7 +55,7 @@ impl Node {
             configured: configured.iter().map(|w| w.name.clone()).collect(),
             lease: Arc::new(LeaseState::default()),
             api: None,
-            events: Events::new("berth-daemon"),
+            events,
         }
     }
 

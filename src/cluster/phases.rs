@@ -320,7 +320,15 @@ mod tests {
             &[("db", "ha = true\nnodes = [\"n1\", \"n2\"]")],
         );
         let settings = loaded.host.cluster.clone().unwrap();
-        let node = Node::new(settings, "n1".into(), "boot-a".into(), root, &loaded.workloads);
+        let events = crate::events::Events::new("test");
+        let node = Node::new(
+            settings,
+            "n1".into(),
+            "boot-a".into(),
+            root,
+            &loaded.workloads,
+            events,
+        );
         (dir, Rc::new(node))
     }
 

@@ -87,7 +87,14 @@ impl Release {
         let known = super::fence::read_deadline(&root.runtime_dir());
         let deadline = Arc::new(AtomicU64::new(known.map_or(0, |d| d.as_millis() as u64)));
         let cap = maintenance.and(known);
-        let node = Node::new(settings, name, boot, root.clone(), &loaded.workloads);
+        let node = Node::new(
+            settings,
+            name,
+            boot,
+            root.clone(),
+            &loaded.workloads,
+            Events::new("berth"),
+        );
         let ha_workloads = node.workloads.clone();
         let releasing = Releasing {
             deadline: deadline.clone(),
@@ -168,7 +175,7 @@ struct Releasing {
 
 impl Releasing {
     async fn run(self, mut results: UnboundedReceiver<StopResult>) {
-        let events = Events::new("berth");
+        let events = &self.node.events;
         let Ok(mut client) = session::within(CALL_TIMEOUT, session::connect(&self.node.settings)).await
         else {
             events
@@ -186,7 +193,7 @@ impl Releasing {
         ));
         // Unannounced, a release could hand a workload straight back to
         // this node (its presence still says up): nothing is released.
-        if !self.announce(&mut client, NodeState::ShuttingDown, &events).await {
+        if !self.announce(&mut client, NodeState::ShuttingDown, events).await {
             while results.recv().await.is_some() {}
             keeper.abort();
             return;
@@ -196,10 +203,10 @@ impl Releasing {
         // expires with the lease, and the taker waits the stop bound.
         while let Some(r) = results.recv().await {
             if self.node.ha.contains_key(&r.workload) && r.outcome.is_down() {
-                self.release(&mut client, &r.workload, &events).await;
+                self.release(&mut client, &r.workload, events).await;
             }
         }
-        self.announce(&mut client, NodeState::Drained, &events).await;
+        self.announce(&mut client, NodeState::Drained, events).await;
         keeper.abort();
     }
 
