@@ -22,22 +22,46 @@ use berth::cluster::join;
 use berth::cluster::keys::{Keys, Owner};
 use berth::cluster::node::Node;
 use berth::cluster::ownership::Local;
+use berth::cluster::reconcile::{Pending, Seen, Units};
 use berth::cluster::session;
-use berth::cluster::take::{self, Announced, Starter};
+use berth::cluster::take::{self, Announced};
 use berth::config::{self, Workload};
 use berth::events::Events;
 use berth::paths::Root;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-/// Every start is as quick as a unit's start job: one line.
-struct Recorder;
+/// Every start is as quick as a unit's start job, and one line; what
+/// was started runs until fenced.
+#[derive(Default)]
+struct Recorder {
+    running: std::cell::RefCell<std::collections::BTreeSet<String>>,
+}
 
-impl Starter for Recorder {
-    fn start(&self, workload: &Workload) {
+impl Units for Recorder {
+    fn start(&self, workload: &Workload) -> Pending<bool> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "start {} {:.6}", workload.name, now.as_secs_f64());
         let _ = out.flush();
+        self.running.borrow_mut().insert(workload.name.clone());
+        Box::pin(std::future::ready(true))
+    }
+
+    fn seen(&self, workload: &Workload) -> Pending<Option<Seen>> {
+        let running = self.running.borrow().contains(&workload.name);
+        Box::pin(std::future::ready(Some(if running {
+            Seen::Running
+        } else {
+            Seen::Down
+        })))
+    }
+
+    fn fence(&self, workload: &Workload) -> Pending<()> {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "fence {}", workload.name);
+        let _ = out.flush();
+        self.running.borrow_mut().remove(&workload.name);
+        Box::pin(std::future::ready(()))
     }
 }
 
@@ -172,7 +196,7 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             eprintln!("cluster_sim {node}: lease lost ({lost:?})");
             1
         }
-        _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder)) => 1,
+        _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder::default())) => 1,
         _ = term.recv() => {
             match release(&mut client, &settings.prefix, &node, lease).await {
                 Ok(n) => {

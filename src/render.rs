@@ -227,12 +227,17 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
 
 /// An HA workload's unit starts only on its owner, whoever asks for the
 /// start: `berth owner-check` fails closed. `+`: with full privileges
-/// (the workload's User= may not read the cluster's TLS key).
+/// (the workload's User= may not read the cluster's TLS key). What it
+/// confirmed reaches the workload as its fencing token: systemd reads an
+/// `EnvironmentFile=` before each command, so the check's file is there
+/// for ExecStart=. Workload names need no quoting (the config checks).
 fn owner_guard(w: &Workload) -> String {
     match &w.ha {
         Some(_) => format!(
-            "ExecStartPre=+{}\n",
-            exec_line(&["berth".to_string(), "owner-check".into(), w.name.clone()])
+            "ExecStartPre=+{}\nEnvironmentFile=-{}/owner/{}.env\n",
+            exec_line(&["berth".to_string(), "owner-check".into(), w.name.clone()]),
+            crate::paths::DAEMON_RUNTIME_DIR,
+            w.name
         ),
         None => String::new(),
     }

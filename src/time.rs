@@ -25,6 +25,13 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// `t`, rounded down to the second, as a systemd calendar event
+/// (`OnCalendar=`, *systemd.time*(7)): `2026-12-05 10:03:07 UTC`.
+pub fn calendar_event(t: SystemTime) -> String {
+    let stamp = rfc3339(t);
+    format!("{} {} UTC", &stamp[..10], &stamp[11..19])
+}
+
 /// The inverse of [`rfc3339`]; `None` for anything else.
 pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
@@ -62,6 +69,12 @@ mod tests {
             rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_971_581)),
             "2026-11-29T16:59:41Z"
         );
+    }
+
+    #[test]
+    fn calendar_events_round_down_to_the_second() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_971_581_999);
+        assert_eq!(calendar_event(t), "2026-11-29 16:59:41 UTC");
     }
 
     #[test]

@@ -281,11 +281,18 @@ fn the_owner_check_fails_closed() {
             "a key of this node on no lease is not an ownership"
         );
         let on_lease = etcd_client::PutOptions::new().with_lease(joined.lease_id);
-        client
+        // A take creates the key: the token is its creation's revision.
+        client.delete(keys.owner("db"), None).await.unwrap();
+        let put = client
             .put(keys.owner("db"), owner("n1"), Some(on_lease))
             .await
             .unwrap();
-        assert_eq!(check().await, Ok(()), "the owner, on its live lease");
+        let token = check().await.expect("the owner, on its live lease");
+        assert_eq!(
+            (token.node.as_str(), token.lease, token.revision),
+            ("n1", joined.lease_id, put.header().unwrap().revision()),
+            "the token is the revision that created the key"
+        );
         assert!(
             matches!(
                 confirm(&s, "n1", "db", &state, "boot-b").await,

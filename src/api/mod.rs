@@ -169,6 +169,10 @@ pub struct HealthReport {
     pub degraded: usize,
     pub failed_workloads: Vec<String>,
     pub unconverged_workloads: Vec<String>,
+    /// Why the cluster agent cannot list owners and presences (it takes
+    /// nothing meanwhile): degraded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_listing_error: Option<String>,
 }
 
 /// What the supervisor shares with the API.
@@ -187,6 +191,7 @@ pub struct Shared {
     /// The node's and the workloads' freezes, as the daemon last read them
     /// (each pass, and at once when it adopts or clears one).
     freezes: Mutex<Arc<crate::state::freeze::Freezes>>,
+    listing_error: Mutex<Option<String>>,
 }
 
 const EVENT_BUFFER: usize = 256;
@@ -211,6 +216,7 @@ impl Shared {
             cluster: Mutex::new(ClusterSlot::Off),
             cluster_asked: AtomicBool::new(false),
             freezes: Mutex::new(Arc::default()),
+            listing_error: Mutex::new(None),
         })
     }
 
@@ -260,6 +266,11 @@ impl Shared {
             _ => serde_json::json!({ "error": error }),
         };
         *slot = ClusterSlot::View(Arc::new(view));
+    }
+
+    /// The cluster agent's listing failed (`Some`), or succeeds again.
+    pub fn set_listing_error(&self, error: Option<String>) {
+        *lock(&self.listing_error) = error;
     }
 
     /// An owner key changed.
@@ -337,9 +348,10 @@ impl Shared {
             failed,
             unconverged,
         } = lock(&self.health).clone();
+        let listing_error = lock(&self.listing_error).clone();
         let verdict = match (loop_fresh && systemd_scanned, status) {
             (false, _) => Verdict::Unhealthy,
-            (true, HealthStatus::Healthy) => Verdict::Healthy,
+            (true, HealthStatus::Healthy) if listing_error.is_none() => Verdict::Healthy,
             (true, _) => Verdict::Degraded,
         };
         HealthReport {
@@ -350,6 +362,7 @@ impl Shared {
             degraded: failed.len() + unconverged.len(),
             failed_workloads: failed,
             unconverged_workloads: unconverged,
+            cluster_listing_error: listing_error,
         }
     }
 }
@@ -376,6 +389,16 @@ mod tests {
         let now = SystemTime::now();
         assert_eq!(shared.health_report(now).status, Verdict::Unhealthy);
         shared.passed(now, Health::default());
+        assert_eq!(shared.health_report(now).status, Verdict::Healthy);
+        shared.set_listing_error(Some("owners/ holds more than 20000 keys".into()));
+        let report = shared.health_report(now);
+        assert_eq!(
+            report.status,
+            Verdict::Degraded,
+            "a failing cluster listing degrades"
+        );
+        assert!(report.cluster_listing_error.is_some());
+        shared.set_listing_error(None);
         assert_eq!(shared.health_report(now).status, Verdict::Healthy);
         shared.passed(now, Health::new(vec!["web".into()], vec![]));
         let r = shared.health_report(now);

@@ -49,11 +49,22 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         &boot_id,
     ));
     match checked {
-        Ok(Ok(())) => 0,
+        Ok(Ok(token)) => match crate::cluster::owner::write_token(&root.runtime_dir(), name, &token) {
+            Ok(()) => 0,
+            Err(e) => refuse(&format!(
+                "cannot write the fencing token {}: {e}",
+                crate::cluster::owner::token_path(&root.runtime_dir(), name).display()
+            )),
+        },
         Ok(Err(why)) => refuse(&why.to_string()),
         Err(e) => refuse(&format!("{e:#}")),
     }
 }
+
+/// How often `fence-arm` tries, and the pause between: all within the
+/// daemon unit's stop timeout.
+const ARM_ATTEMPTS: u32 = 3;
+const ARM_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(super) fn fence_arm(root: &Root) -> i32 {
     let loaded = config::load(root);
@@ -74,20 +85,35 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
             return 1;
         }
     };
-    let armed = with_systemd(root, |sd| async move {
-        let state = sd.system_state().await.ok();
-        let arming = fence::arming(deadline, boottime(), state.as_deref());
-        if let Arming::After(after) = arming {
-            sd.arm_timer(
-                fence::TIMER,
-                "berth: fence this node's HA workloads at its lease deadline",
-                after,
-                &argv,
-            )
-            .await?;
+    // Retried: this one call is all that fences a node whose daemon is
+    // gone, and a busy manager may time it out.
+    let mut armed = Err(anyhow::anyhow!("not tried"));
+    for attempt in 1..=ARM_ATTEMPTS {
+        let argv = argv.clone();
+        armed = with_systemd(root, |sd| async move {
+            let state = sd.system_state().await.ok();
+            let arming = fence::arming(deadline, boottime(), state.as_deref());
+            if let Arming::After(after) = arming {
+                sd.arm_timer(
+                    fence::TIMER,
+                    "berth: fence this node's HA workloads at its lease deadline",
+                    after,
+                    &argv,
+                )
+                .await?;
+            }
+            Ok(arming)
+        });
+        match &armed {
+            Err(e) if attempt < ARM_ATTEMPTS => {
+                say_error(&format!(
+                    "berth fence-arm: attempt {attempt} of {ARM_ATTEMPTS} failed ({e:#}); trying again"
+                ));
+                std::thread::sleep(ARM_PAUSE);
+            }
+            _ => break,
         }
-        Ok(arming)
-    });
+    }
     match armed {
         Ok(Arming::After(after)) => {
             say(&format!(

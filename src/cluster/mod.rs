@@ -16,7 +16,9 @@
 //!   owner starts an HA workload.
 //! - [`placement`]: who takes a workload nobody owns (pure).
 //! - [`ownership`]: what the node saw of owners and presences, and what it
-//!   is to take now (pure); [`take`]: the loop that watches and takes.
+//!   is to take now (pure); [`take`]: the loop that watches and takes;
+//!   [`reconcile`]: what is owned here runs here, and what runs here is
+//!   owned here, looked at again and again.
 //! - [`fence`]: stops the HA workloads when the lease deadline passes,
 //!   starts them again once the owner key is confirmed.
 //! - [`maintenance`]: a daemon stopped or restarted on purpose hands its
@@ -42,6 +44,7 @@ pub mod ownership;
 pub mod phases;
 pub mod placement;
 pub mod presence;
+pub mod reconcile;
 pub mod rejoin;
 pub mod release;
 pub mod session;

@@ -4,8 +4,10 @@
 //! dependency, the autostart of an older berth). It fails closed: what
 //! etcd cannot confirm in time is refused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
 use super::keys::{Keys, Owner};
 use super::presence;
@@ -22,12 +24,11 @@ pub enum NotOwner {
     NoOwner,
     OwnedBy(String),
     /// The key names this node but sits on another lease (an earlier
-    /// boot's, or its maintenance lease).
+    /// boot's, a maintenance lease, or an expired live lease's successor).
     OtherLease {
         key_lease: i64,
         live: i64,
     },
-    LeaseGone(i64),
     Unconfirmed(String),
 }
 
@@ -41,44 +42,62 @@ impl std::fmt::Display for NotOwner {
                 f,
                 "its owner key is on lease {key_lease:x}, not on this node's live lease {live:x}"
             ),
-            NotOwner::LeaseGone(l) => write!(f, "this node's lease {l:x} has expired"),
             NotOwner::Unconfirmed(e) => write!(f, "etcd could not confirm the ownership ({e})"),
         }
     }
 }
 
-/// The judgement on what etcd said (pure): the owner key's value and
-/// lease, this node's name and live lease, and that lease's remaining TTL.
-pub fn judge(owner: Option<(&str, i64)>, node: &str, live_lease: i64, live_ttl: i64) -> Result<(), NotOwner> {
-    let Some((value, key_lease)) = owner else {
+/// The owner key as one transaction read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub value: String,
+    pub lease: i64,
+    /// The revision that created it: the ownership's fencing token.
+    pub revision: i64,
+}
+
+/// What a workload started under a confirmed ownership is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub node: String,
+    pub lease: i64,
+    pub revision: i64,
+}
+
+/// The judgement on what etcd said (pure): the owner key as read, this
+/// node's name and live lease. A key exists on a lease only while the
+/// lease does: on the live lease, the lease is alive.
+pub fn judge(owner: Option<&Read>, node: &str, live_lease: i64) -> Result<Token, NotOwner> {
+    let Some(read) = owner else {
         return Err(NotOwner::NoOwner);
     };
     let owner: Owner =
-        serde_json::from_str(value).map_err(|e| NotOwner::Unconfirmed(format!("owner key: {e}")))?;
+        serde_json::from_str(&read.value).map_err(|e| NotOwner::Unconfirmed(format!("owner key: {e}")))?;
     if owner.node != node {
         return Err(NotOwner::OwnedBy(owner.node));
     }
-    if key_lease != live_lease {
+    if read.lease != live_lease {
         return Err(NotOwner::OtherLease {
-            key_lease,
+            key_lease: read.lease,
             live: live_lease,
         });
     }
-    if live_ttl <= 0 {
-        return Err(NotOwner::LeaseGone(live_lease));
-    }
-    Ok(())
+    Ok(Token {
+        node: owner.node,
+        lease: read.lease,
+        revision: read.revision,
+    })
 }
 
-/// Asks etcd whether `node` owns `workload` on its live lease of this
-/// boot (recorded under `state_dir`).
+/// Asks etcd, in one transaction, whether `node` owns `workload` on its
+/// live lease of this boot (recorded under `state_dir`).
 pub async fn confirm(
     settings: &ClusterSettings,
     node: &str,
     workload: &str,
     state_dir: &Path,
     boot_id: &str,
-) -> Result<(), NotOwner> {
+) -> Result<Token, NotOwner> {
     let record = presence::read_lease_record(state_dir).map_err(|e| NotOwner::NoLease(e.to_string()))?;
     if record.boot_id != boot_id {
         return Err(NotOwner::NoLease(format!(
@@ -91,70 +110,129 @@ pub async fn confirm(
             .await
             .map_err(|e| e.to_string())?;
         let key = Keys::new(&settings.prefix).owner(workload);
-        let got = client.get(key, None).await.map_err(|e| e.to_string())?;
-        let owner = got
-            .kvs()
-            .first()
-            .map(|kv| (kv.value_str().unwrap_or("").to_string(), kv.lease()));
-        let ttl = client
-            .lease_time_to_live(record.lease_id, None)
-            .await
-            .map_err(|e| e.to_string())?
-            .ttl();
-        Ok::<_, String>((owner, ttl))
+        // The key and its lease at one revision: no window between a
+        // read of the key and a read of the lease.
+        let txn = Txn::new()
+            .when(vec![Compare::lease(
+                key.as_str(),
+                CompareOp::Equal,
+                record.lease_id,
+            )])
+            .and_then(vec![TxnOp::get(key.as_str(), None)])
+            .or_else(vec![TxnOp::get(key.as_str(), None)]);
+        let answer = client.txn(txn).await.map_err(|e| e.to_string())?;
+        let read = answer.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(got) => Some(got.kvs().first().map(|kv| Read {
+                value: kv.value_str().unwrap_or("").to_string(),
+                lease: kv.lease(),
+                revision: kv.create_revision(),
+            })),
+            _ => None,
+        });
+        read.ok_or_else(|| "the transaction answered no read".to_string())
     };
-    let (owner, ttl) = tokio::time::timeout(CHECK_LIMIT, asked)
+    let read = tokio::time::timeout(CHECK_LIMIT, asked)
         .await
         .map_err(|_| NotOwner::Unconfirmed(format!("no answer within {} s", CHECK_LIMIT.as_secs())))?
         .map_err(NotOwner::Unconfirmed)?;
-    judge(
-        owner.as_ref().map(|(v, l)| (v.as_str(), *l)),
-        node,
-        record.lease_id,
-        ttl,
+    judge(read.as_ref(), node, record.lease_id)
+}
+
+/// Where `owner-check` leaves the token for the workload's unit
+/// (`EnvironmentFile=-`, read before each command it runs).
+pub fn token_path(runtime_dir: &Path, workload: &str) -> PathBuf {
+    runtime_dir.join("owner").join(format!("{workload}.env"))
+}
+
+/// The token as environment assignments: plain digits and a name the
+/// configuration checked, nothing to quote.
+pub fn token_env(t: &Token) -> String {
+    format!(
+        "BERTH_OWNER_NODE={}\nBERTH_OWNER_LEASE={:x}\nBERTH_OWNER_REVISION={}\n",
+        t.node, t.lease, t.revision
     )
+}
+
+/// Writes it for the start about to happen; a stale one is removed first,
+/// so that a failed write never hands the workload an older token.
+pub fn write_token(runtime_dir: &Path, workload: &str, t: &Token) -> std::io::Result<()> {
+    let path = token_path(runtime_dir, workload);
+    let _ = std::fs::remove_file(&path);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    crate::state::atomic::write_json(&path, token_env(t).trim_end().as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn owner(node: &str) -> String {
-        serde_json::to_string(&Owner {
-            node: node.into(),
-            stop_bound_s: 65,
-            since: "T".into(),
-        })
-        .unwrap()
+    fn owner(node: &str, lease: i64) -> Read {
+        Read {
+            value: serde_json::to_string(&Owner {
+                node: node.into(),
+                stop_bound_s: 65,
+                since: "T".into(),
+            })
+            .unwrap(),
+            lease,
+            revision: 40,
+        }
     }
 
-    /// Each case: the owner key (value, lease), the live lease's TTL, and
-    /// the verdict for node n1 on lease 7.
+    /// Each case: the owner key as read, and the verdict for node n1 on
+    /// lease 7.
     #[test]
     fn only_the_owner_on_its_live_lease_may_start() {
-        let mine = owner("n1");
-        let theirs = owner("n2");
-        type Case<'a> = (Option<(&'a str, i64)>, i64, Result<(), NotOwner>);
-        let cases: Vec<Case> = vec![
-            (Some((&mine, 7)), 5, Ok(())),
-            (None, 5, Err(NotOwner::NoOwner)),
-            (Some((&theirs, 9)), 5, Err(NotOwner::OwnedBy("n2".into()))),
+        let token = Token {
+            node: "n1".into(),
+            lease: 7,
+            revision: 40,
+        };
+        let cases: Vec<(Option<Read>, Result<Token, NotOwner>)> = vec![
+            (Some(owner("n1", 7)), Ok(token.clone())),
+            (None, Err(NotOwner::NoOwner)),
+            (Some(owner("n2", 9)), Err(NotOwner::OwnedBy("n2".into()))),
             (
-                Some((&mine, 3)),
-                5,
+                Some(owner("n1", 3)),
                 Err(NotOwner::OtherLease {
                     key_lease: 3,
                     live: 7,
                 }),
             ),
-            (Some((&mine, 7)), -1, Err(NotOwner::LeaseGone(7))),
         ];
-        for (key, ttl, want) in cases {
-            assert_eq!(judge(key, "n1", 7, ttl), want, "{key:?} ttl {ttl}");
+        for (key, want) in cases {
+            assert_eq!(judge(key.as_ref(), "n1", 7), want, "{key:?}");
         }
+        let junk = Read {
+            value: "{not json".into(),
+            ..owner("n1", 7)
+        };
         assert!(matches!(
-            judge(Some(("{not json", 7)), "n1", 7, 5),
+            judge(Some(&junk), "n1", 7),
             Err(NotOwner::Unconfirmed(_))
         ));
+        assert_eq!(
+            token_env(&token),
+            "BERTH_OWNER_NODE=n1\nBERTH_OWNER_LEASE=7\nBERTH_OWNER_REVISION=40\n"
+        );
+    }
+
+    #[test]
+    fn the_token_file_replaces_the_last_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = |revision| Token {
+            node: "n1".into(),
+            lease: 0x2a,
+            revision,
+        };
+        write_token(dir.path(), "db", &t(5)).unwrap();
+        write_token(dir.path(), "db", &t(9)).unwrap();
+        let text = std::fs::read_to_string(token_path(dir.path(), "db")).unwrap();
+        assert_eq!(
+            text,
+            "BERTH_OWNER_NODE=n1\nBERTH_OWNER_LEASE=2a\nBERTH_OWNER_REVISION=9\n"
+        );
     }
 }

@@ -40,11 +40,13 @@ pub struct Local {
     pub stop_bound_s: u64,
 }
 
-/// An owner key as read: its value and the lease it is bound to.
+/// An owner key as read: its value, the lease it is bound to, and the
+/// revision that created it (one ownership; 0 when not known).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnerKey {
     pub owner: Owner,
     pub lease: i64,
+    pub revision: i64,
 }
 
 impl OwnerKey {
@@ -56,7 +58,16 @@ impl OwnerKey {
             stop_bound_s: 0,
             since: String::new(),
         });
-        OwnerKey { owner, lease }
+        OwnerKey {
+            owner,
+            lease,
+            revision: 0,
+        }
+    }
+
+    /// The same, created at `revision`.
+    pub fn created(self, revision: i64) -> OwnerKey {
+        OwnerKey { revision, ..self }
     }
 }
 
@@ -75,8 +86,12 @@ pub struct View {
 impl View {
     /// A key put under `owners/`.
     pub fn owner_put(&mut self, workload: &str, value: &[u8], lease: i64) {
-        self.owners
-            .insert(workload.to_string(), OwnerKey::read(value, lease));
+        self.owner_put_key(workload, OwnerKey::read(value, lease));
+    }
+
+    /// The same, as read with its revision.
+    pub fn owner_put_key(&mut self, workload: &str, key: OwnerKey) {
+        self.owners.insert(workload.to_string(), key);
         self.not_before.remove(workload);
         self.unseen.remove(workload);
     }
@@ -266,6 +281,7 @@ mod tests {
             OwnerKey {
                 owner: serde_json::from_slice(&owner("n1", 65)).unwrap(),
                 lease: 7,
+                revision: 3,
             },
         )]);
         v.relisted(presences, owners, &locals, true, 100 * S);

@@ -558,4 +558,174 @@ mod tests {
             assert_eq!(adopted.reason, "upgrade");
         });
     }
+
+    /// Whether `unit` had a `verb` job that ended done, after `since`.
+    fn did(ops: &FakeOps, verb: &str, since: Instant) -> bool {
+        ops.spans
+            .borrow()
+            .iter()
+            .any(|(u, v, _, end)| u == "berth@db.service" && *v == verb && *end >= since)
+    }
+
+    /// A take applied by etcd whose answer never came: the key names n1
+    /// on its live lease, and nothing started db. The reconciliation
+    /// starts it within a period.
+    #[test]
+    fn an_owned_workload_that_never_started_is_started_by_the_reconciliation() {
+        on_etcd(|url| async move {
+            // The take itself would wait 30 s: only the reconciliation
+            // can start db within the test's bound.
+            let (_dir, node) = n1(&url, "");
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            ops.topologies.borrow_mut().insert(
+                "berth@db.service".into(),
+                crate::systemd::UnitTopology {
+                    timeout_stop_us: 30_000_000,
+                    ..Default::default()
+                },
+            );
+            let _leaving = start(&node, &ops);
+            let live = until(20 * SEC, "the node joins", || {
+                let id = node.lease.lease_id();
+                async move { (id != 0).then_some(id) }
+            })
+            .await;
+            let mut c = client(&url).await;
+            let owner = Owner {
+                node: "n1".into(),
+                stop_bound_s: 30,
+                since: "T".into(),
+            };
+            let put_at = Instant::now();
+            c.put(
+                node.keys.owner("db"),
+                serde_json::to_string(&owner).unwrap(),
+                Some(etcd_client::PutOptions::new().with_lease(live)),
+            )
+            .await
+            .unwrap();
+            until(
+                crate::cluster::reconcile::PERIOD + 3 * SEC,
+                "db, owned by n1 on its live lease, is started",
+                || {
+                    let done = did(&ops, "start", put_at);
+                    async move { done.then_some(()) }
+                },
+            )
+            .await;
+            let ran = crate::state::cluster::read_ran(&node.root.runtime_dir());
+            assert!(ran.contains_key("db"), "the ownership it ran in is kept: {ran:?}");
+        });
+    }
+
+    /// A start that fails is tried again after the backoff, until it
+    /// starts; then nothing more is started.
+    #[test]
+    fn a_failed_start_of_an_owned_workload_is_tried_again() {
+        on_etcd(|url| async move {
+            let (_dir, node) = n1(&url, "");
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            ops.start_failures
+                .borrow_mut()
+                .insert("berth@db.service".into(), 2);
+            let began = Instant::now();
+            let _leaving = start(&node, &ops);
+            until(30 * SEC, "db starts at the third attempt", || {
+                let done = did(&ops, "start", began);
+                async move { done.then_some(()) }
+            })
+            .await;
+            assert_eq!(ops.start_failures.borrow()["berth@db.service"], 0);
+            // The backoff: 2 s after the first failure, 4 s after the second.
+            let (first_try, started) = ops.span("db", "start");
+            assert!(started - began >= 6 * SEC, "{:?}", started - began);
+            let _ = first_try;
+            tokio::time::sleep(3 * SEC).await;
+            let starts = ops
+                .spans
+                .borrow()
+                .iter()
+                .filter(|(u, v, _, _)| u == "berth@db.service" && *v == "start")
+                .count();
+            assert_eq!(starts, 1, "a workload that runs is not started again");
+        });
+    }
+
+    /// db runs on n1, then its key names another node (a hand-edited key,
+    /// a manual drain's release racing a start): n1 fences it.
+    #[test]
+    fn a_workload_running_without_its_key_is_fenced() {
+        on_etcd(|url| async move {
+            let (_dir, node) = n1(&url, "");
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            let began = Instant::now();
+            let _leaving = start(&node, &ops);
+            until(20 * SEC, "db is taken and started", || {
+                let done = did(&ops, "start", began);
+                async move { done.then_some(()) }
+            })
+            .await;
+            let mut c = client(&url).await;
+            let theirs = Owner {
+                node: "n2".into(),
+                stop_bound_s: 5,
+                since: "T".into(),
+            };
+            let moved = Instant::now();
+            c.put(
+                node.keys.owner("db"),
+                serde_json::to_string(&theirs).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+            let stopped = until(
+                3 * crate::cluster::reconcile::PERIOD + 3 * SEC,
+                "db is fenced",
+                || {
+                    let done = did(&ops, "stop", moved);
+                    async move { done.then_some(Instant::now()) }
+                },
+            )
+            .await;
+            assert!(
+                stopped - moved >= crate::cluster::reconcile::PERIOD / 2,
+                "two passes, not one, see it before the fence: {:?}",
+                stopped - moved
+            );
+            let record = crate::state::records::load(&node.root, "db").unwrap().unwrap();
+            assert_eq!(
+                record.last_transition_reason,
+                crate::state::records::TransitionReason::Fence
+            );
+        });
+    }
+
+    /// More than the client's default reply limit (4 MiB) under the
+    /// prefix, outside berth's directories: the node still takes.
+    #[test]
+    fn values_beyond_the_reply_limit_under_the_prefix_do_not_stop_takes() {
+        on_etcd(|url| async move {
+            let (_dir, node) = n1(&url, "");
+            let mut c = client(&url).await;
+            let big = "x".repeat(1_400_000);
+            for i in 0..4 {
+                c.put(format!("{}junk/{i}", node.settings.prefix), big.clone(), None)
+                    .await
+                    .unwrap();
+            }
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            let began = Instant::now();
+            let _leaving = start(&node, &ops);
+            until(25 * SEC, "db is taken and started", || {
+                let done = did(&ops, "start", began);
+                async move { done.then_some(()) }
+            })
+            .await;
+            assert_eq!(
+                crate::state::cluster::read_listing_error(&node.root.runtime_dir()),
+                None
+            );
+        });
+    }
 }

@@ -64,6 +64,8 @@ pub enum ClusterError {
     /// etcd said nothing within this long: a partition hangs calls
     /// rather than failing them.
     Unanswered(Duration),
+    /// A directory holds more keys than a listing reads.
+    TooMany { dir: String, limit: i64 },
 }
 
 impl std::fmt::Display for ClusterError {
@@ -72,6 +74,9 @@ impl std::fmt::Display for ClusterError {
             ClusterError::Etcd(e) => write!(f, "etcd: {e}"),
             ClusterError::Local(p, e) => write!(f, "{}: {e}", p.display()),
             ClusterError::Unanswered(d) => write!(f, "etcd did not answer within {} ms", d.as_millis()),
+            ClusterError::TooMany { dir, limit } => {
+                write!(f, "{} holds more than {limit} keys; not read", dir.escape_debug())
+            }
         }
     }
 }
@@ -114,6 +119,31 @@ pub async fn list(client: &mut Client, prefix: &str) -> Result<GetResponse, Clus
     get(client, prefix, Some(GetOptions::new().with_prefix())).await
 }
 
+/// The most keys one listing of a directory reads: more is refused, not
+/// half read.
+pub const LIST_LIMIT: i64 = 20_000;
+
+/// The largest reply a listing or a watch accepts. The client's default
+/// (4 MiB) is less than a few values etcd accepts (1.5 MiB each by
+/// default) and refuses the whole reply.
+pub const REPLY_LIMIT: usize = 256 << 20;
+
+/// Every key under the directory `dir` (one of berth's own: `nodes/`,
+/// `owners/`, `freeze/`…), at most [`LIST_LIMIT`] of them, in a reply of
+/// at most [`REPLY_LIMIT`], bounded in time.
+pub async fn list_dir(client: &Client, dir: &str) -> Result<GetResponse, ClusterError> {
+    let mut kv = client.kv_client().max_decoding_message_size(REPLY_LIMIT);
+    let options = GetOptions::new().with_prefix().with_limit(LIST_LIMIT);
+    let got = within(CALL_TIMEOUT, kv.get(dir, Some(options))).await?;
+    if got.more() {
+        return Err(ClusterError::TooMany {
+            dir: dir.to_string(),
+            limit: LIST_LIMIT,
+        });
+    }
+    Ok(got)
+}
+
 /// A transaction, bounded by `limit`: an answer that never came may still
 /// have been applied, so callers compare before they act again.
 pub async fn txn(client: &mut Client, txn: Txn, limit: Duration) -> Result<TxnResponse, ClusterError> {
@@ -133,6 +163,34 @@ pub async fn watch(
         options = options.with_prev_key();
     }
     within(CALL_TIMEOUT, client.watch(prefix, Some(options))).await
+}
+
+/// One watch stream over each of `dirs` from `revision` on, with each
+/// deleted key's last value, replies up to [`REPLY_LIMIT`]; opened within
+/// the bound.
+pub async fn watch_dirs(
+    client: &Client,
+    dirs: &[String],
+    revision: i64,
+) -> Result<WatchStream, ClusterError> {
+    let options = || {
+        WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision)
+            .with_prev_key()
+    };
+    let mut watches = client.watch_client().max_decoding_message_size(REPLY_LIMIT);
+    let opened = async {
+        let Some((first, rest)) = dirs.split_first() else {
+            return Err(ClusterError::Etcd("no directory to watch".into()));
+        };
+        let mut stream = watches.watch(first.as_str(), Some(options())).await?;
+        for dir in rest {
+            stream.watch(dir.as_str(), Some(options())).await?;
+        }
+        Ok(stream)
+    };
+    within(CALL_TIMEOUT, opened).await
 }
 
 /// Connects to the cluster's endpoints, with TLS when configured.

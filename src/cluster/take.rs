@@ -1,20 +1,23 @@
-//! The agent's ownership loop: it lists the presences and owner keys,
-//! watches them from that revision (with each deleted key's last value),
-//! and takes the HA workloads [`ownership::to_take`] gives this node: a
-//! create-if-absent transaction puts the owner key on the node's lease,
-//! and only a transaction that succeeded starts the unit (whose own
-//! `berth owner-check` confirms it once more).
+//! The agent's ownership loop: it lists the presences and owner keys
+//! (those two directories only, bounded), watches them from that revision
+//! (with each deleted key's last value), and takes the HA workloads
+//! [`ownership::to_take`] gives this node: a create-if-absent transaction
+//! puts the owner key on the node's lease. Starting what this node owns,
+//! and fencing what runs here unowned, is the [`reconcile`](super::reconcile)
+//! pass's, on every owner key event and every few seconds; the unit's own
+//! `berth owner-check` confirms the ownership once more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::keys::Owner;
 use super::node::Node;
 use super::ownership::{self, Local, OwnerKey, View};
-use super::session::{self, CALL_TIMEOUT, boottime};
+use super::reconcile::{Pending, Reconciler, Seen, Units};
+use super::session::{self, CALL_TIMEOUT, ClusterError, boottime};
 use crate::config::Workload;
 use crate::events::Events;
 use crate::state::records::TransitionReason;
@@ -76,27 +79,49 @@ async fn locals<O: Ops>(ops: &O, node: &Node) -> Vec<Local> {
     out
 }
 
-/// What a take does once its transaction succeeded: start the unit. The
-/// daemon starts it through systemd; the scale benchmark's simulated
-/// nodes only record it.
-pub trait Starter: 'static {
-    fn start(&self, workload: &Workload);
-}
-
-/// Starts the unit through the service manager, recorded as an HA take,
-/// on a task of its own (a start may take long).
-struct OpsStarter<O> {
+/// This node's units as systemd runs them, starts recorded as HA takes.
+struct OpsUnits<O> {
     ops: Rc<O>,
     root: crate::paths::Root,
 }
 
-impl<O: Ops + 'static> Starter for OpsStarter<O> {
-    fn start(&self, workload: &Workload) {
+impl<O: Ops + 'static> Units for OpsUnits<O> {
+    fn start(&self, workload: &Workload) -> Pending<bool> {
         let (ops, root, w) = (self.ops.clone(), self.root.clone(), workload.clone());
-        tokio::task::spawn_local(async move {
+        Box::pin(async move {
             let events = Events::new("berth-daemon");
-            crate::autostart::start_one(&*ops, &root, &w, TransitionReason::HaTake, &events).await;
-        });
+            let (_, action) =
+                crate::autostart::start_one(&*ops, &root, &w, TransitionReason::HaTake, &events).await;
+            matches!(action, crate::autostart::Action::Started)
+        })
+    }
+
+    fn seen(&self, workload: &Workload) -> Pending<Option<Seen>> {
+        let (ops, unit) = (self.ops.clone(), workload.unit_name());
+        Box::pin(async move {
+            use crate::systemd::ActiveState as A;
+            let state = tokio::time::timeout(CALL_TIMEOUT, ops.active_state(&unit))
+                .await
+                .ok()?
+                .ok()?;
+            Some(match state {
+                A::Active | A::Reloading | A::Refreshing => Seen::Running,
+                A::Activating => Seen::Starting,
+                A::Deactivating => Seen::Stopping,
+                A::Inactive | A::Failed | A::Maintenance => Seen::Down,
+                // A state this berth does not know: neither started nor
+                // fenced on a guess.
+                A::Other(_) => return None,
+            })
+        })
+    }
+
+    fn fence(&self, workload: &Workload) -> Pending<()> {
+        let (ops, root, w) = (self.ops.clone(), self.root.clone(), workload.clone());
+        Box::pin(async move {
+            let events = Events::new("berth-daemon");
+            super::fence::fence_now(&*ops, &root, std::slice::from_ref(&w), &events, true).await;
+        })
     }
 }
 
@@ -110,25 +135,78 @@ pub async fn run<O: Ops + 'static>(
     announced: Announced,
 ) {
     let locals = locals(&*ops, node).await;
-    let starter = Rc::new(OpsStarter {
+    let units = Rc::new(OpsUnits {
         ops,
         root: node.root.clone(),
     });
-    run_with(client, node, lease, announced, locals, starter).await
+    run_with(client, node, lease, announced, locals, units).await
+}
+
+/// What a listing of the two directories the loop follows found, and
+/// the revision to watch from.
+struct Listing {
+    revision: i64,
+    presences: BTreeMap<String, super::keys::Presence>,
+    owners: BTreeMap<String, OwnerKey>,
+}
+
+/// Lists `nodes/` and `owners/` (only they: whatever else lies under the
+/// prefix, however large, is not read) at one revision.
+async fn list(client: &Client, node: &Node) -> Result<Listing, ClusterError> {
+    let keys = &node.keys;
+    let nodes = session::list_dir(client, &keys.nodes()).await?;
+    let revision = nodes.header().map_or(0, |h| h.revision());
+    let mut kv = client.kv_client().max_decoding_message_size(session::REPLY_LIMIT);
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_limit(session::LIST_LIMIT)
+        .with_revision(revision);
+    let owners = session::within(CALL_TIMEOUT, kv.get(keys.owners(), Some(options))).await?;
+    if owners.more() {
+        return Err(ClusterError::TooMany {
+            dir: keys.owners(),
+            limit: session::LIST_LIMIT,
+        });
+    }
+    let mut listing = Listing {
+        revision,
+        presences: BTreeMap::new(),
+        owners: BTreeMap::new(),
+    };
+    for kv in nodes.kvs() {
+        let Ok(key) = kv.key_str() else { continue };
+        if let Some(n) = keys.name_in(&keys.nodes(), key)
+            && let Ok(p) = serde_json::from_slice(kv.value())
+        {
+            listing.presences.insert(n.to_string(), p);
+        }
+    }
+    for kv in owners.kvs() {
+        let Ok(key) = kv.key_str() else { continue };
+        if let Some(w) = keys.name_in(&keys.owners(), key) {
+            listing.owners.insert(
+                w.to_string(),
+                OwnerKey::read(kv.value(), kv.lease()).created(kv.create_revision()),
+            );
+        }
+    }
+    Ok(listing)
 }
 
 /// The loop itself, given this node's HA workloads with their stop bounds
-/// and what starts one.
+/// and its units.
 pub async fn run_with(
-    mut client: Client,
+    client: Client,
     node: &Node,
     lease: i64,
     mut announced: Announced,
     locals: Vec<Local>,
-    starter: Rc<dyn Starter>,
+    units: Rc<dyn Units>,
 ) {
     let keys = &node.keys;
+    let mut client = client;
     let mut view = View::default();
+    let mut reconciler = Reconciler::default();
     // A workload this node has but cannot take (no bounded stop, or
     // systemd cannot describe it) is waited for for good, so that
     // placement passes over this node for it.
@@ -138,30 +216,41 @@ pub async fn run_with(
         .filter(|w| !locals.iter().any(|l| &l.name == *w))
         .cloned()
         .collect();
+    let mut failing: Option<String> = None;
     loop {
-        let Ok(listing) = session::list(&mut client, &node.settings.prefix).await else {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            continue;
-        };
-        let revision = listing.header().map_or(0, |h| h.revision());
-        let mut presences = BTreeMap::new();
-        let mut owners = BTreeMap::new();
-        for kv in listing.kvs() {
-            let Ok(key) = kv.key_str() else { continue };
-            if let Some(n) = keys.name_in(&keys.nodes(), key) {
-                if let Ok(p) = serde_json::from_slice(kv.value()) {
-                    presences.insert(n.to_string(), p);
+        let listing = match list(&client, node).await {
+            Ok(l) => l,
+            Err(e) => {
+                // Said once per kind of failure, not at every retry.
+                let said = e.to_string();
+                if failing.as_deref() != Some(said.as_str()) {
+                    node.events.warn(&format!(
+                        "cluster: cannot list owners and presences ({said}); nothing is taken until a listing succeeds"
+                    ));
                 }
-            } else if let Some(w) = keys.name_in(&keys.owners(), key) {
-                owners.insert(w.to_string(), OwnerKey::read(kv.value(), kv.lease()));
+                crate::state::cluster::write_listing_error(&node.root.runtime_dir(), Some(&said));
+                if let Some(api) = &node.api {
+                    api.set_listing_error(Some(said.clone()));
+                }
+                failing = Some(said);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if failing.take().is_some() {
+            node.events.info("cluster: owners and presences listed again");
+            crate::state::cluster::write_listing_error(&node.root.runtime_dir(), None);
+            if let Some(api) = &node.api {
+                api.set_listing_error(None);
             }
         }
         // Every listing is treated as the first: a key created and deleted
         // while no watch ran is invisible, so an unowned workload waits
         // this node's bound from now.
-        view.relisted(presences, owners, &locals, true, boottime());
-        let Ok(mut stream) = session::watch(&mut client, &node.settings.prefix, revision + 1, true).await
-        else {
+        view.relisted(listing.presences, listing.owners, &locals, true, boottime());
+        reconciler.owners_changed();
+        let dirs = [keys.nodes(), keys.owners()];
+        let Ok(mut stream) = session::watch_dirs(&client, &dirs, listing.revision + 1).await else {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
@@ -169,18 +258,19 @@ pub async fn run_with(
             let mut waiting = view.waiting(&locals, boottime());
             waiting.extend(untakeable.iter().cloned());
             reannounce(&mut client, node, &mut announced, lease, waiting).await;
-            take_due(
-                &mut client,
-                node,
-                announced.frozen,
-                &*starter,
-                &locals,
-                &mut view,
-                lease,
-            )
-            .await;
+            if take_due(&mut client, node, announced.frozen, &locals, &mut view, lease).await {
+                reconciler.owners_changed();
+            }
             let now = boottime();
-            let wake = ownership::next_wake(&locals, &view, now).map_or(Duration::from_secs(1), |t| t - now);
+            if reconciler.due(now) {
+                let may_start = node.lease.ahead() && !announced.frozen && !node.frozen_now();
+                reconciler.pass(&mut client, node, &units, &view, may_start).await;
+            }
+            let now = boottime();
+            let wake = ownership::next_wake(&locals, &view, now)
+                .map_or(Duration::from_secs(1), |t| t - now)
+                .min(Duration::from_secs(1))
+                .min(reconciler.next(now));
             tokio::select! {
                 message = stream.message() => match message {
                     Ok(Some(r)) if !r.canceled() => {
@@ -196,13 +286,14 @@ pub async fn run_with(
                                 }
                             } else if let Some(w) = keys.name_in(&keys.owners(), key) {
                                 tell_owner(node, w, deleted, kv);
+                                reconciler.owners_changed();
                                 if deleted {
                                     let fallback = locals.iter().find(|l| l.name == w).map_or(0, |l| l.stop_bound_s);
                                     let last = ev.prev_kv().map(|p| p.value());
                                     view.owner_deleted(w, last, fallback, boottime());
                                     released(node, w, last, &view);
                                 } else {
-                                    view.owner_put(w, kv.value(), kv.lease());
+                                    view.owner_put_key(w, OwnerKey::read(kv.value(), kv.lease()).created(kv.create_revision()));
                                 }
                             }
                         }
@@ -210,7 +301,8 @@ pub async fn run_with(
                     // Broken or cancelled (a compacted revision): list again.
                     _ => break,
                 },
-                _ = tokio::time::sleep(wake.min(Duration::from_secs(1))) => {}
+                answer = reconciler.answer() => reconciler.take_answer(node, answer),
+                _ = tokio::time::sleep(wake) => {}
             }
         }
     }
@@ -305,22 +397,21 @@ fn released(node: &Node, workload: &str, last: Option<&[u8]>, view: &View) {
     ));
 }
 
-/// Takes what is due now: a create-if-absent transaction per workload,
-/// then its start.
+/// Takes what is due now: a create-if-absent transaction per workload.
+/// The reconciliation starts what was taken. Whether anything was.
 async fn take_due(
     client: &mut Client,
     node: &Node,
     announced_frozen: bool,
-    starter: &dyn Starter,
     locals: &[Local],
     view: &mut View,
     lease: i64,
-) {
+) -> bool {
     // A node past its deadline is fencing, a frozen one starts nothing:
     // neither takes (frozen as its flag says, whether or not its presence
     // could say so yet).
     if !node.lease.ahead() || announced_frozen || node.frozen_now() {
-        return;
+        return false;
     }
     // A workload frozen here (by hand, or an object freeze) is not taken
     // here.
@@ -329,12 +420,13 @@ async fn take_due(
         .filter(|l| crate::state::freeze::instance_frozen(&node.root, &l.name).is_none())
         .cloned()
         .collect();
+    let mut took = false;
     for local in due {
         // A take's transaction may take one keep-alive interval: taken
         // only with that much of the deadline left.
         let limit = node.settings.keep_alive_interval();
         if node.lease.deadline().is_none_or(|d| boottime() + limit >= d) {
-            return;
+            return took;
         }
         let owner = Owner {
             node: node.name.clone(),
@@ -352,20 +444,26 @@ async fn take_due(
             )]);
         match session::txn(client, txn, limit).await {
             Ok(r) if r.succeeded() => {
-                view.owner_put(&local.name, value.as_bytes(), lease);
+                let revision = r.header().map_or(0, |h| h.revision());
+                view.owner_put_key(
+                    &local.name,
+                    OwnerKey::read(value.as_bytes(), lease).created(revision),
+                );
                 node.events.info(&format!(
-                    "cluster: took {} (owner key on lease {lease:x}, stop bound {} s); starting it",
+                    "cluster: took {} (owner key on lease {lease:x} at revision {revision}, stop bound {} s)",
                     local.name, local.stop_bound_s
                 ));
-                if let Some(w) = node.workload(&local.name) {
-                    starter.start(w);
-                }
+                took = true;
             }
             // Someone else's key came first: the watch brings it.
             Ok(_) => {}
-            Err(e) => node
-                .events
-                .warn(&format!("cluster: cannot take {}: {e}", local.name)),
+            // It may still have been applied: then the watch brings this
+            // node's own key, and the reconciliation starts the workload.
+            Err(e) => node.events.warn(&format!(
+                "cluster: no answer to the take of {} ({e}); the watch tells whether it was applied",
+                local.name
+            )),
         }
     }
+    took
 }

@@ -45,6 +45,10 @@ pub struct ClusterView {
     /// This node's fence deadline, from now (negative: passed); None when
     /// none was seen in this boot.
     pub fence_deadline_in_ms: Option<i64>,
+    /// Why this node's daemon cannot list owners and presences now (it
+    /// takes nothing until it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listing_error: Option<String>,
     pub peers: Vec<Peer>,
     pub owners: Vec<OwnerRow>,
 }
@@ -155,6 +159,7 @@ pub fn assemble(
         as_of,
         revision,
         fence_deadline_in_ms,
+        listing_error: None,
         peers: peers.into_values().collect(),
         owners,
     }
@@ -196,7 +201,10 @@ pub async fn gather(
             if revision > 0 {
                 options = options.with_revision(revision);
             }
-            let got = client.get(dir.as_str(), Some(options)).await?;
+            let mut kv = client
+                .kv_client()
+                .max_decoding_message_size(super::session::REPLY_LIMIT);
+            let got = kv.get(dir.as_str(), Some(options)).await?;
             if revision == 0 {
                 revision = got.header().map_or(0, |h| h.revision());
             }
@@ -231,7 +239,7 @@ pub async fn gather(
             .filter_map(|t| async move { t })
             .collect()
             .await;
-        Ok::<_, ClusterError>(assemble(
+        let mut view = assemble(
             &keys,
             node,
             revision,
@@ -239,7 +247,9 @@ pub async fn gather(
             &ttls,
             fence_deadline_in_ms(runtime_dir),
             rfc3339(SystemTime::now()),
-        ))
+        );
+        view.listing_error = crate::state::cluster::read_listing_error(runtime_dir);
+        Ok::<_, ClusterError>(view)
     };
     tokio::time::timeout(GATHER_TIMEOUT, gathering)
         .await
@@ -280,6 +290,12 @@ pub fn text(v: &ClusterView) -> String {
         ),
         None => "  fence deadline: none seen in this boot\n".to_string(),
     });
+    if let Some(why) = &v.listing_error {
+        out.push_str(&format!(
+            "  ownership: the daemon cannot list owners and presences ({}); nothing is taken here\n",
+            e(why)
+        ));
+    }
     for p in &v.peers {
         out.push_str(&format!("  node {}: {}", e(&p.node), p.state));
         if let (Some(lease), Some(age), Some(left)) = (&p.lease, p.lease_age_s, p.lease_remaining_s) {

@@ -14,6 +14,11 @@
 //!   CLOCK_BOOTTIME ms, for a daemon restarted while etcd is out of reach,
 //!   for `owner-check` and for `fence-arm`.
 //! - `cluster-rejoined`: the boot id whose rejoin grace is over.
+//! - `cluster-listing-error`: why the daemon's last listing of owners
+//!   and presences failed, while it does (for `berth status`).
+//! - `cluster-ran.json`: for each HA workload owned here, the ownership
+//!   (its key's create revision) in which it has run, so that a restarted
+//!   daemon does not start again what ran and was stopped since.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -115,6 +120,50 @@ pub fn write_rejoined(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
     atomic::write_json(&rejoined_path(runtime_dir), boot_id.as_bytes())
 }
 
+pub fn listing_error_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-listing-error")
+}
+
+/// At most this much of it is read back.
+const LISTING_ERROR_MAX: u64 = 4096;
+
+pub fn read_listing_error(runtime_dir: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(listing_error_path(runtime_dir))
+        .ok()?
+        .take(LISTING_ERROR_MAX)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+/// `None`: the listing succeeds again. Best effort (it is only shown).
+pub fn write_listing_error(runtime_dir: &Path, error: Option<&str>) {
+    let path = listing_error_path(runtime_dir);
+    match error {
+        Some(e) => {
+            let _ = atomic::write_json(&path, e.as_bytes());
+        }
+        None => {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+pub fn ran_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-ran.json")
+}
+
+/// Workload → the ownership it last ran in; unreadable reads as none.
+pub fn read_ran(runtime_dir: &Path) -> std::collections::BTreeMap<String, i64> {
+    read_json(&ran_path(runtime_dir)).unwrap_or_default()
+}
+
+pub fn write_ran(runtime_dir: &Path, ran: &std::collections::BTreeMap<String, i64>) -> io::Result<()> {
+    write_json(&ran_path(runtime_dir), ran)
+}
+
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<T> {
     serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::from)
 }
@@ -154,11 +203,26 @@ mod tests {
         assert_eq!(read_fence_deadline(d), Some(Duration::from_millis(123_456)));
         write_rejoined(d, "b").unwrap();
         assert_eq!(read_rejoined(d).as_deref(), Some("b"));
-        for path in [lease_path(d), freeze_revision_path(d), fence_deadline_path(d)] {
+        assert!(read_ran(d).is_empty());
+        assert_eq!(read_listing_error(d), None);
+        write_listing_error(d, Some("too big"));
+        assert_eq!(read_listing_error(d).as_deref(), Some("too big"));
+        write_listing_error(d, None);
+        assert_eq!(read_listing_error(d), None);
+        let ran = std::collections::BTreeMap::from([("db".to_string(), 42)]);
+        write_ran(d, &ran).unwrap();
+        assert_eq!(read_ran(d), ran);
+        for path in [
+            lease_path(d),
+            freeze_revision_path(d),
+            fence_deadline_path(d),
+            ran_path(d),
+        ] {
             std::fs::write(path, "garbage").unwrap();
         }
         assert!(read_lease(d).is_err());
         assert_eq!(read_freeze_revision(d), None);
         assert_eq!(read_fence_deadline(d), None);
+        assert!(read_ran(d).is_empty());
     }
 }

@@ -74,6 +74,8 @@ pub struct FakeOps {
     /// unit → a pending job the listing and details() show (one queued
     /// by someone else: an admin's stop, the shutdown's).
     pub pending: RefCell<HashMap<String, (u32, JobType)>>,
+    /// unit → how many of its next start jobs end `failed`.
+    pub start_failures: RefCell<HashMap<String, u32>>,
 }
 
 impl FakeOps {
@@ -100,12 +102,20 @@ impl FakeOps {
             Behaviour::IgnoresTerm | Behaviour::Unanswered if verb == "start" => Some(now),
             Behaviour::IgnoresTerm | Behaviour::Unanswered => None,
         };
+        let fails = verb == "start"
+            && self
+                .start_failures
+                .borrow_mut()
+                .get_mut(unit)
+                .filter(|n| **n > 0)
+                .map(|n| *n -= 1)
+                .is_some();
         let mut jobs = self.jobs.borrow_mut();
         jobs.push(FakeJob {
             unit: unit.into(),
             queued: now,
             done_at,
-            result: None,
+            result: fails.then_some(JobResult::Failed),
         });
         let id = jobs.len() as u32;
         self.verbs.borrow_mut().insert(id, verb);

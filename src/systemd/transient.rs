@@ -13,6 +13,13 @@ impl Systemd {
     /// accuracy of 1 µs (the default of one minute would fire long after
     /// the moment it stands for), to start `NAME.service` running `argv`.
     /// A timer of that name already there is replaced.
+    ///
+    /// Two triggers, whichever comes first: `OnActiveSec=` counts on
+    /// CLOCK_MONOTONIC (systemd 252 and 257 alike, unless WakeSystem=),
+    /// which a suspend pauses, and is deaf to the wall clock being set;
+    /// `OnCalendar=` at the same moment (rounded down to the second)
+    /// counts across a suspend: systemd fires a calendar event that passed
+    /// while the host slept as it resumes.
     pub async fn arm_timer(
         &self,
         name: &str,
@@ -30,9 +37,12 @@ impl Systemd {
         let usec = after.as_micros().max(1) as u64;
         // The base is named as in a timer file; the value is in µs.
         let on_active: Vec<(&str, u64)> = vec![("OnActiveSec", usec)];
+        let at = crate::time::calendar_event(std::time::SystemTime::now() + after);
+        let on_calendar: Vec<(&str, &str)> = vec![("OnCalendar", at.as_str())];
         let timer_props = [
             ("Description", Value::from(description)),
             ("TimersMonotonic", Value::from(on_active)),
+            ("TimersCalendar", Value::from(on_calendar)),
             ("AccuracyUSec", Value::from(1u64)),
             ("RemainAfterElapse", Value::from(false)),
             // Gone once inactive, failed or not: the next arming finds

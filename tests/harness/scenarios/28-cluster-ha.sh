@@ -134,6 +134,14 @@ check "... and the fence timer its ExecStopPost armed is disarmed" wait_for 5 fe
 stopped_at=$(date +%s.%N)
 on n1 systemctl stop berth-daemon.service
 check_eq "n1's daemon stopped: its ExecStopPost armed the fence timer" active "$(on n1 systemctl is-active berth-fence.timer)"
+# Its clocks: OnActiveSec= is CLOCK_MONOTONIC, which a suspend pauses;
+# the OnCalendar= trigger at the same moment counts across one.
+calendar=$(on n1 systemctl show -P TimersCalendar berth-fence.timer)
+next_wall=$(date -d "$(on n1 systemctl show -P NextElapseUSecRealtime berth-fence.timer)" +%s 2>/dev/null || echo 0)
+check "... with a wall-clock trigger too, which a suspend does not pause ($calendar)" \
+    python3 -c "import sys; sys.exit('OnCalendar=' not in sys.argv[1])" "$calendar"
+check "... due with the maintenance deadline ($next_wall - $stopped_at within 0..$GRACE s)" \
+    python3 -c "import sys; d = $next_wall - $stopped_at; sys.exit(not (0 <= d <= $GRACE))"
 check "... which stops db with no berth process left" wait_for $((GRACE + STOP_DELAY + 5)) db_down_on n1
 fenced_at=$(ev n1 stop-begin)
 check "... not before the grace minus the margin ($(python3 -c "print(round($fenced_at - $stopped_at, 2))") s >= $((GRACE - 2 - 1)) s)" \
