@@ -266,6 +266,7 @@ fn the_owner_check_fails_closed() {
                 node: node.into(),
                 stop_bound_s: 65,
                 since: "T".into(),
+                boot_id: String::new(),
             })
             .unwrap()
         };
@@ -352,6 +353,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
                 node: node.into(),
                 stop_bound_s: 65,
                 since: "T".into(),
+                boot_id: String::new(),
             })
             .unwrap()
         };

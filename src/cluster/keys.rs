@@ -53,6 +53,12 @@ impl Keys {
     pub fn owner(&self, workload: &str) -> String {
         format!("{}owners/{workload}", self.prefix)
     }
+    pub fn last_owners(&self) -> String {
+        format!("{}last-owner/", self.prefix)
+    }
+    pub fn last_owner(&self, workload: &str) -> String {
+        format!("{}last-owner/{workload}", self.prefix)
+    }
     pub fn cluster_freeze(&self) -> String {
         format!("{}freeze/cluster", self.prefix)
     }
@@ -149,6 +155,21 @@ pub struct Owner {
     /// a peer starts it no earlier than the deletion plus this.
     pub stop_bound_s: u64,
     pub since: String,
+    /// The owner's boot when it took the workload; empty from versions
+    /// that did not say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+}
+
+/// `last-owner/W`: who took HA workload W last, in which boot, with which
+/// stop bound. Written in the take's own transaction, on no lease: it
+/// outlives the owner key, so that a node that did not see that key go
+/// knows whom it waits for, and how long (or that nobody ever owned W).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastOwner {
+    pub node: String,
+    pub boot_id: String,
+    pub stop_bound_s: u64,
 }
 
 /// `freeze/cluster` and `freeze/objects/W`: a freeze of every node, or

@@ -174,6 +174,7 @@ mod tests {
                 node: node.into(),
                 stop_bound_s: 65,
                 since: "T".into(),
+                boot_id: String::new(),
             })
             .unwrap(),
             lease,

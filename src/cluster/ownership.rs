@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::keys::{Owner, Presence};
+use super::keys::{LastOwner, Owner, Presence};
 use super::placement;
 use crate::config::HaPolicy;
 
@@ -57,6 +57,7 @@ impl OwnerKey {
             node: String::new(),
             stop_bound_s: 0,
             since: String::new(),
+            boot_id: String::new(),
         });
         OwnerKey {
             owner,
@@ -81,6 +82,12 @@ pub struct View {
     /// Those of them whose wait began at a listing: nobody here saw the
     /// key go, so its timing is this node's guess.
     pub unseen: BTreeSet<String>,
+    /// Who last owned each workload (`last-owner/`) as the last listing
+    /// read it, kept up with the owner keys seen since; `None` when not
+    /// read: then any unowned workload may have had an owner.
+    pub last_owners: Option<BTreeMap<String, LastOwner>>,
+    /// This node's name and boot id.
+    pub me: (String, String),
 }
 
 impl View {
@@ -91,6 +98,18 @@ impl View {
 
     /// The same, as read with its revision.
     pub fn owner_put_key(&mut self, workload: &str, key: OwnerKey) {
+        if let Some(last) = &mut self.last_owners {
+            // An owner of a version that did not say its boot is one
+            // whose boot is unknown: never taken for rebooted.
+            last.insert(
+                workload.to_string(),
+                LastOwner {
+                    node: key.owner.node.clone(),
+                    boot_id: key.owner.boot_id.clone(),
+                    stop_bound_s: key.owner.stop_bound_s,
+                },
+            );
+        }
         self.owners.insert(workload.to_string(), key);
         self.not_before.remove(workload);
         self.unseen.remove(workload);
@@ -155,12 +174,16 @@ impl View {
             // out of date: the workload may have been taken and let go
             // again while no watch ran. Never shorter than that wait.
             for l in locals {
-                if !owners.contains_key(&l.name) {
-                    let t = after(now, l.stop_bound_s);
-                    let wait = self.not_before.entry(l.name.clone()).or_insert(t);
-                    *wait = (*wait).max(t);
-                    self.unseen.insert(l.name.clone());
+                if owners.contains_key(&l.name) {
+                    continue;
                 }
+                let Some(bound) = self.unseen_bound(&l.name, l.stop_bound_s, &presences) else {
+                    continue;
+                };
+                let t = after(now, bound);
+                let wait = self.not_before.entry(l.name.clone()).or_insert(t);
+                *wait = (*wait).max(t);
+                self.unseen.insert(l.name.clone());
             }
         }
         for w in owners.keys() {
@@ -171,10 +194,50 @@ impl View {
         self.owners = owners;
     }
 
+    /// The wait for an unowned workload whose key this node did not see
+    /// go: none when it never had an owner, or when its last owner has
+    /// booted since (it cannot run it still); else the larger of the
+    /// bound its last owner declared and this node's own. Without the
+    /// record, this node's own bound.
+    fn unseen_bound(
+        &self,
+        workload: &str,
+        own_s: u64,
+        presences: &BTreeMap<String, Presence>,
+    ) -> Option<u64> {
+        let Some(last_owners) = &self.last_owners else {
+            return Some(own_s);
+        };
+        let last = last_owners.get(workload)?;
+        if self.rebooted(last, presences) {
+            return None;
+        }
+        Some(last.stop_bound_s.max(own_s))
+    }
+
+    /// `last` names a boot its node is no longer in: this node, or a
+    /// peer whose presence says another boot.
+    fn rebooted(&self, last: &LastOwner, presences: &BTreeMap<String, Presence>) -> bool {
+        if last.boot_id.is_empty() {
+            return false;
+        }
+        if last.node == self.me.0 {
+            return !self.me.1.is_empty() && self.me.1 != last.boot_id;
+        }
+        presences
+            .get(&last.node)
+            .is_some_and(|p| !p.boot_id.is_empty() && p.boot_id != last.boot_id)
+    }
+
     /// When an unowned workload may be taken: not before its last owner's
-    /// bound ran out.
+    /// bound ran out, unless that owner booted since.
     fn ready(&self, workload: &str, now: Duration) -> bool {
         self.not_before.get(workload).is_none_or(|t| now >= *t)
+            || self
+                .last_owners
+                .as_ref()
+                .and_then(|l| l.get(workload))
+                .is_some_and(|last| self.rebooted(last, &self.presences))
     }
 
     /// This node's HA workloads that nobody owns and that it waits for
@@ -256,6 +319,7 @@ mod tests {
             node: node.into(),
             stop_bound_s: bound,
             since: "T".into(),
+            boot_id: String::new(),
         })
         .unwrap()
     }
@@ -445,6 +509,94 @@ mod tests {
         assert!(
             to_take("n2", &locals, &v, S).is_empty(),
             "an unreadable owner key still holds it"
+        );
+    }
+
+    /// After a listing (a daemon restart, a new cluster's first boot), an
+    /// unowned workload waits for its last owner only: not at all when
+    /// nobody ever owned it or its last owner booted since, else the
+    /// larger of the bound that owner declared and this node's own.
+    #[test]
+    fn an_unseen_release_waits_for_the_last_owner_only() {
+        let locals = vec![local("db", &["n1", "n2"], 5)];
+        let last = |node: &str, boot: &str, bound| LastOwner {
+            node: node.into(),
+            boot_id: boot.into(),
+            stop_bound_s: bound,
+        };
+        let booted = |boot: &str| {
+            let mut p: Presence = serde_json::from_slice(&presence(NodeState::Up, &locals)).unwrap();
+            p.boot_id = boot.into();
+            p
+        };
+        // (last owner record, n2's presence boot, n1's wait in s; None:
+        // taken at once)
+        type Case<'a> = (Option<Option<LastOwner>>, &'a str, Option<u64>);
+        let cases: Vec<Case> = vec![
+            // Not read: this node's own bound, as before.
+            (None, "b2", Some(5)),
+            // Read, and nobody ever owned db.
+            (Some(None), "b2", None),
+            // n2 owned it with a bound of 100 s, in the boot it is in now.
+            (Some(Some(last("n2", "b2", 100))), "b2", Some(100)),
+            // ... with a bound below n1's own: n1's.
+            (Some(Some(last("n2", "b2", 1))), "b2", Some(5)),
+            // n2 booted since: it cannot run db still.
+            (Some(Some(last("n2", "b1", 100))), "b2", None),
+            // n1 itself owned it in an earlier boot.
+            (Some(Some(last("n1", "old", 100))), "b2", None),
+            // n1 in this boot (its daemon restarted): its own record.
+            (Some(Some(last("n1", "boot-1", 100))), "b2", Some(100)),
+            // A record of unknown boot: never taken for rebooted.
+            (Some(Some(last("n2", "", 100))), "b2", Some(100)),
+        ];
+        for (record, n2_boot, want) in cases {
+            let mut v = View {
+                me: ("n1".into(), "boot-1".into()),
+                last_owners: record
+                    .clone()
+                    .map(|r| r.into_iter().map(|l| ("db".to_string(), l)).collect()),
+                ..View::default()
+            };
+            let presences = BTreeMap::from([
+                ("n1".to_string(), booted("boot-1")),
+                ("n2".to_string(), booted(n2_boot)),
+            ]);
+            v.relisted(presences, BTreeMap::new(), &locals, true, 100 * S);
+            let at_once = !to_take("n1", &locals, &v, 100 * S).is_empty();
+            match want {
+                None => assert!(at_once, "{record:?} n2 in {n2_boot}: taken at once"),
+                Some(s) => {
+                    assert!(!at_once, "{record:?} n2 in {n2_boot}: waits");
+                    assert_eq!(
+                        next_wake(&locals, &v, 100 * S),
+                        Some(Duration::from_secs(100 + s)),
+                        "{record:?}"
+                    );
+                    assert!(v.waiting(&locals, 100 * S).contains("db"), "and says so");
+                }
+            }
+        }
+        // The last owner's presence comes back with a new boot during
+        // the wait: db is ready at once.
+        let mut v = View {
+            me: ("n1".into(), "boot-1".into()),
+            last_owners: Some(BTreeMap::from([("db".to_string(), last("n2", "b1", 100))])),
+            ..View::default()
+        };
+        v.relisted(
+            BTreeMap::from([("n1".to_string(), booted("boot-1"))]),
+            BTreeMap::new(),
+            &locals,
+            true,
+            100 * S,
+        );
+        assert!(to_take("n1", &locals, &v, 101 * S).is_empty(), "n2 unheard: wait");
+        v.presence_put("n2", &serde_json::to_vec(&booted("b2")).unwrap());
+        assert_eq!(
+            names(to_take("n1", &locals, &v, 101 * S)),
+            ["db"],
+            "n2 is back in a new boot"
         );
     }
 }

@@ -573,28 +573,35 @@ mod tests {
     #[test]
     fn an_owned_workload_that_never_started_is_started_by_the_reconciliation() {
         on_etcd(|url| async move {
-            // The take itself would wait 30 s: only the reconciliation
-            // can start db within the test's bound.
+            // db was n2's, which may still be stopping it (for 100 s):
+            // n1's own take waits, and only the reconciliation can start
+            // db within the test's bound.
             let (_dir, node) = n1(&url, "");
+            let mut c = client(&url).await;
+            let last = crate::cluster::keys::LastOwner {
+                node: "n2".into(),
+                boot_id: "b".into(),
+                stop_bound_s: 100,
+            };
+            c.put(
+                node.keys.last_owner("db"),
+                serde_json::to_string(&last).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
             let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
-            ops.topologies.borrow_mut().insert(
-                "berth@db.service".into(),
-                crate::systemd::UnitTopology {
-                    timeout_stop_us: 30_000_000,
-                    ..Default::default()
-                },
-            );
             let _leaving = start(&node, &ops);
             let live = until(20 * SEC, "the node joins", || {
                 let id = node.lease.lease_id();
                 async move { (id != 0).then_some(id) }
             })
             .await;
-            let mut c = client(&url).await;
             let owner = Owner {
                 node: "n1".into(),
                 stop_bound_s: 30,
                 since: "T".into(),
+                boot_id: String::new(),
             };
             let put_at = Instant::now();
             c.put(
@@ -637,9 +644,8 @@ mod tests {
             .await;
             assert_eq!(ops.start_failures.borrow()["berth@db.service"], 0);
             // The backoff: 2 s after the first failure, 4 s after the second.
-            let (first_try, started) = ops.span("db", "start");
+            let (_, started) = ops.span("db", "start");
             assert!(started - began >= 6 * SEC, "{:?}", started - began);
-            let _ = first_try;
             tokio::time::sleep(3 * SEC).await;
             let starts = ops
                 .spans
@@ -670,6 +676,7 @@ mod tests {
                 node: "n2".into(),
                 stop_bound_s: 5,
                 since: "T".into(),
+                boot_id: String::new(),
             };
             let moved = Instant::now();
             c.put(
@@ -725,6 +732,49 @@ mod tests {
             assert_eq!(
                 crate::state::cluster::read_listing_error(&node.root.runtime_dir()),
                 None
+            );
+        });
+    }
+
+    /// A new cluster: nobody ever owned db, so its first candidate takes
+    /// it as soon as it joined, not after its stop bound (35 s here); the
+    /// take records the last owner with its boot.
+    #[test]
+    fn a_workload_nobody_ever_owned_is_taken_without_the_stop_bound() {
+        on_etcd(|url| async move {
+            let (_dir, node) = n1(&url, "");
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            ops.topologies.borrow_mut().insert(
+                "berth@db.service".into(),
+                crate::systemd::UnitTopology {
+                    timeout_stop_us: 30_000_000,
+                    ..Default::default()
+                },
+            );
+            let began = Instant::now();
+            let _leaving = start(&node, &ops);
+            until(20 * SEC, "the node joins", || {
+                let id = node.lease.lease_id();
+                async move { (id != 0).then_some(()) }
+            })
+            .await;
+            until(3 * SEC, "db is started within 3 s of the join", || {
+                let done = did(&ops, "start", began);
+                async move { done.then_some(()) }
+            })
+            .await;
+            let mut c = client(&url).await;
+            let (last, lease) = read(&mut c, &node.keys.last_owner("db")).await.unwrap();
+            let last: crate::cluster::keys::LastOwner = serde_json::from_slice(&last).unwrap();
+            assert_eq!(
+                (
+                    last.node.as_str(),
+                    last.boot_id.as_str(),
+                    last.stop_bound_s,
+                    lease
+                ),
+                ("n1", "boot-a", 35, 0),
+                "on no lease: it outlives the owner"
             );
         });
     }

@@ -30,7 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::keys::{NodeState, Owner};
+use super::keys::{LastOwner, NodeState, Owner};
 use super::node::Node;
 use super::presence;
 use super::session::{self, CALL_TIMEOUT, CappedDeadline, boottime, json};
@@ -269,6 +269,13 @@ impl Releasing {
             if !put.succeeded() {
                 return Ok(false);
             }
+            // The record says so too: a node that does not see the
+            // deletion takes the workload without a wait as well.
+            let last = json(&LastOwner {
+                node: owner.node.clone(),
+                boot_id: owner.boot_id.clone(),
+                stop_bound_s: 0,
+            });
             let deleted = client
                 .txn(
                     Txn::new()
@@ -277,7 +284,10 @@ impl Releasing {
                             CompareOp::Equal,
                             zero.as_str(),
                         )])
-                        .and_then(vec![TxnOp::delete(key.as_str(), None)]),
+                        .and_then(vec![
+                            TxnOp::delete(key.as_str(), None),
+                            TxnOp::put(self.node.keys.last_owner(workload), last.as_str(), None),
+                        ]),
                 )
                 .await?;
             Ok(deleted.succeeded())

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::keys::Owner;
+use super::keys::{LastOwner, Owner};
 use super::node::Node;
 use super::ownership::{self, Local, OwnerKey, View};
 use super::reconcile::{Pending, Reconciler, Seen, Units};
@@ -148,31 +148,57 @@ struct Listing {
     revision: i64,
     presences: BTreeMap<String, super::keys::Presence>,
     owners: BTreeMap<String, OwnerKey>,
+    last_owners: BTreeMap<String, LastOwner>,
 }
 
-/// Lists `nodes/` and `owners/` (only they: whatever else lies under the
-/// prefix, however large, is not read) at one revision.
-async fn list(client: &Client, node: &Node) -> Result<Listing, ClusterError> {
-    let keys = &node.keys;
-    let nodes = session::list_dir(client, &keys.nodes()).await?;
-    let revision = nodes.header().map_or(0, |h| h.revision());
+/// Every key under `dir` at `revision`, bounded as [`session::list_dir`].
+async fn list_at(
+    client: &Client,
+    dir: &str,
+    revision: i64,
+) -> Result<etcd_client::GetResponse, ClusterError> {
     let mut kv = client.kv_client().max_decoding_message_size(session::REPLY_LIMIT);
     let options = GetOptions::new()
         .with_prefix()
         .with_limit(session::LIST_LIMIT)
         .with_revision(revision);
-    let owners = session::within(CALL_TIMEOUT, kv.get(keys.owners(), Some(options))).await?;
-    if owners.more() {
+    let got = session::within(CALL_TIMEOUT, kv.get(dir, Some(options))).await?;
+    if got.more() {
         return Err(ClusterError::TooMany {
-            dir: keys.owners(),
+            dir: dir.to_string(),
             limit: session::LIST_LIMIT,
         });
     }
+    Ok(got)
+}
+
+/// Lists `nodes/`, `owners/` and `last-owner/` (only they: whatever else
+/// lies under the prefix, however large, is not read) at one revision.
+async fn list(client: &Client, node: &Node) -> Result<Listing, ClusterError> {
+    let keys = &node.keys;
+    let nodes = session::list_dir(client, &keys.nodes()).await?;
+    let revision = nodes.header().map_or(0, |h| h.revision());
+    let owners = list_at(client, &keys.owners(), revision).await?;
+    let last_owners = list_at(client, &keys.last_owners(), revision).await?;
     let mut listing = Listing {
         revision,
         presences: BTreeMap::new(),
         owners: BTreeMap::new(),
+        last_owners: BTreeMap::new(),
     };
+    for kv in last_owners.kvs() {
+        let Ok(key) = kv.key_str() else { continue };
+        if let Some(w) = keys.name_in(&keys.last_owners(), key) {
+            // One that cannot be read names nobody: an owner of unknown
+            // boot, waited for with this node's bound.
+            let last = serde_json::from_slice(kv.value()).unwrap_or(LastOwner {
+                node: String::new(),
+                boot_id: String::new(),
+                stop_bound_s: 0,
+            });
+            listing.last_owners.insert(w.to_string(), last);
+        }
+    }
     for kv in nodes.kvs() {
         let Ok(key) = kv.key_str() else { continue };
         if let Some(n) = keys.name_in(&keys.nodes(), key)
@@ -184,10 +210,20 @@ async fn list(client: &Client, node: &Node) -> Result<Listing, ClusterError> {
     for kv in owners.kvs() {
         let Ok(key) = kv.key_str() else { continue };
         if let Some(w) = keys.name_in(&keys.owners(), key) {
-            listing.owners.insert(
-                w.to_string(),
-                OwnerKey::read(kv.value(), kv.lease()).created(kv.create_revision()),
-            );
+            let owner = OwnerKey::read(kv.value(), kv.lease()).created(kv.create_revision());
+            // A key of a version that writes no record: its owner is the
+            // last one, of unknown boot.
+            if owner.owner.boot_id.is_empty() {
+                listing.last_owners.insert(
+                    w.to_string(),
+                    LastOwner {
+                        node: owner.owner.node.clone(),
+                        boot_id: String::new(),
+                        stop_bound_s: owner.owner.stop_bound_s,
+                    },
+                );
+            }
+            listing.owners.insert(w.to_string(), owner);
         }
     }
     Ok(listing)
@@ -205,7 +241,10 @@ pub async fn run_with(
 ) {
     let keys = &node.keys;
     let mut client = client;
-    let mut view = View::default();
+    let mut view = View {
+        me: (node.name.clone(), node.boot_id.clone()),
+        ..View::default()
+    };
     let mut reconciler = Reconciler::default();
     // A workload this node has but cannot take (no bounded stop, or
     // systemd cannot describe it) is waited for for good, so that
@@ -247,6 +286,7 @@ pub async fn run_with(
         // Every listing is treated as the first: a key created and deleted
         // while no watch ran is invisible, so an unowned workload waits
         // this node's bound from now.
+        view.last_owners = Some(listing.last_owners);
         view.relisted(listing.presences, listing.owners, &locals, true, boottime());
         reconciler.owners_changed();
         let dirs = [keys.nodes(), keys.owners()];
@@ -432,16 +472,28 @@ async fn take_due(
             node: node.name.clone(),
             stop_bound_s: local.stop_bound_s,
             since: rfc3339(std::time::SystemTime::now()),
+            boot_id: node.boot_id.clone(),
         };
         let value = serde_json::to_string(&owner).unwrap_or_default();
+        let last = LastOwner {
+            node: node.name.clone(),
+            boot_id: node.boot_id.clone(),
+            stop_bound_s: local.stop_bound_s,
+        };
+        let last = serde_json::to_string(&last).unwrap_or_default();
         let key = node.keys.owner(&local.name);
+        // The record of the last owner goes in the same transaction: a
+        // key never exists without it.
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(
-                key.as_str(),
-                value.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
+            .and_then(vec![
+                TxnOp::put(
+                    key.as_str(),
+                    value.as_str(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(node.keys.last_owner(&local.name), last.as_str(), None),
+            ]);
         match session::txn(client, txn, limit).await {
             Ok(r) if r.succeeded() => {
                 let revision = r.header().map_or(0, |h| h.revision());
