@@ -12,8 +12,12 @@
 #     the last keep-alive, plus the stop bound).
 # Each run: the owner powers off (the other takes), boots again (fresh
 # state, a new host), then the new owner's root is killed (the first
-# takes), and boots again. Needs root, systemd-nspawn, debootstrap and
-# etcd, like the harness. RUNS=N for fewer runs.
+# takes), and boots again. Before the runs, the first start of db on the
+# new cluster (nobody ever owned it: no stop bound to wait), from A's join;
+# after them, a whole-cluster power loss (both roots killed, both booted):
+# the first start from the second node's join (the last owner booted
+# since: no stop bound either). Needs root, systemd-nspawn, debootstrap
+# and etcd, like the harness. RUNS=N for fewer runs.
 source "$(dirname "$0")/../tests/harness/lib.sh"
 SCENARIO=bench-cluster-takeover
 RUNS=${RUNS:-20}
@@ -51,10 +55,26 @@ listed() {
         | python3 -c 'import json, sys; t = sys.stdin.read().strip(); sys.exit(0 if t and not json.loads(t).get("waiting") else 1)'
 }
 
-boot A
+# When NODE's presence appears (wall clock, polled every 50 ms).
+joined_at() {
+    local i
+    for i in $(seq 1200); do
+        if [ -n "$(etcdctl get "/berth/nodes/$1" --keys-only)" ]; then
+            date +%s.%N
+            return 0
+        fi
+        sleep 0.05
+    done
+    die "$1 did not join"
+}
+
 boot B
-# The first take waits one stop bound (nobody saw a previous owner go).
-wait_for $((BOUND + 30)) runs_on A || die "A never started db; see ${NODE_DIR[A]}/journal"
+joined_at B >/dev/null
+boot A
+a_joined=$(joined_at A)
+wait_for 30 runs_on A || die "A never started db; see ${NODE_DIR[A]}/journal"
+first_boot=$(python3 -c "print(round($(last A start) - $a_joined, 3))")
+log "bench: a new cluster's first start of db: $first_boot s after A joined"
 owner_node=A
 released=()
 killed=()
@@ -86,7 +106,19 @@ for i in $(seq "$RUNS"); do
     log "bench: run $i: drained power-off ${released[-1]} s, root kill ${killed[-1]} s"
 done
 
-python3 - "$TTL" "$BOUND" "${released[*]}" "${killed[*]}" <<'PY'
+# A whole-cluster power loss: both roots killed at once, both booted.
+for n in A B; do kill -9 "${NODE_PID[$n]}"; done
+for n in A B; do node_use "$n"; ct_wait_exit 30; done
+boot A
+boot B
+second_joined=$(python3 -c "print(max($(joined_at A), $(joined_at B)))")
+owned() { [ -n "$(owner)" ]; }
+wait_for 60 owned || die "nobody took db after the power loss"
+wait_for 30 runs_on "$(owner)" || die "$(owner) did not start db after the power loss"
+power_loss=$(python3 -c "print(round($(last "$(owner)" start) - $second_joined, 3))")
+log "bench: after a whole-cluster power loss, db started $power_loss s after the second node joined"
+
+python3 - "$TTL" "$BOUND" "${released[*]}" "${killed[*]}" "$first_boot" "$power_loss" <<'PY'
 import math, statistics, sys
 ttl, bound = float(sys.argv[1]), float(sys.argv[2])
 def report(what, values, floor):
@@ -98,4 +130,8 @@ def report(what, values, floor):
 report("takeover after a drained power-off (owner's stop to the new start)", sys.argv[3], "")
 report("takeover after a root kill (kill to the new start)", sys.argv[4],
        f"; floor: the lease's expiry plus the stop bound ({bound:.0f} s)")
+print(f"first start on a new cluster: {float(sys.argv[5]):.2f} s after the first candidate joined "
+      f"({float(sys.argv[5]) / bound:.3f} x the stop bound of {bound:.0f} s it no longer waits)")
+print(f"first start after a whole-cluster power loss: {float(sys.argv[6]):.2f} s after both nodes joined "
+      f"({float(sys.argv[6]) / bound:.3f} x the stop bound)")
 PY

@@ -31,20 +31,28 @@ use berth::paths::Root;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 /// Every start is as quick as a unit's start job, and one line; what
-/// was started runs until fenced.
+/// was started runs until fenced. With `SIM_FAIL_FIRST_START` set in the
+/// environment, each workload's first start on this node fails instead
+/// (`start-failed WORKLOAD UNIX_TIME`), as a unit whose start job failed.
 #[derive(Default)]
 struct Recorder {
     running: std::cell::RefCell<std::collections::BTreeSet<String>>,
+    fail_first: bool,
+    failed: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 impl Units for Recorder {
     fn start(&self, workload: &Workload) -> Pending<bool> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let fails = self.fail_first && self.failed.borrow_mut().insert(workload.name.clone());
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "start {} {:.6}", workload.name, now.as_secs_f64());
+        let what = if fails { "start-failed" } else { "start" };
+        let _ = writeln!(out, "{what} {} {:.6}", workload.name, now.as_secs_f64());
         let _ = out.flush();
-        self.running.borrow_mut().insert(workload.name.clone());
-        Box::pin(std::future::ready(true))
+        if !fails {
+            self.running.borrow_mut().insert(workload.name.clone());
+        }
+        Box::pin(std::future::ready(!fails))
     }
 
     fn seen(&self, workload: &Workload) -> Pending<Option<Seen>> {
@@ -196,7 +204,10 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             eprintln!("cluster_sim {node}: lease lost ({lost:?})");
             1
         }
-        _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder::default())) => 1,
+        _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder {
+            fail_first: std::env::var_os("SIM_FAIL_FIRST_START").is_some(),
+            ..Recorder::default()
+        })) => 1,
         _ = term.recv() => {
             match release(&mut client, &settings.prefix, &node, lease).await {
                 Ok(n) => {

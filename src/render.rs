@@ -226,15 +226,18 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
 }
 
 /// An HA workload's unit starts only on its owner, whoever asks for the
-/// start: `berth owner-check` fails closed. `+`: with full privileges
-/// (the workload's User= may not read the cluster's TLS key). What it
+/// start: `berth owner-check` fails closed. `ExecCondition=`: it runs
+/// before every `ExecStartPre=`, an existing unit's own included, so that
+/// nothing of the unit runs on a non-owner (it exits 255, which fails the
+/// unit; 1 to 254 would skip it quietly). `+`: with full privileges (the
+/// workload's User= may not read the cluster's TLS key). What it
 /// confirmed reaches the workload as its fencing token: systemd reads an
 /// `EnvironmentFile=` before each command, so the check's file is there
 /// for ExecStart=. Workload names need no quoting (the config checks).
 fn owner_guard(w: &Workload) -> String {
     match &w.ha {
         Some(_) => format!(
-            "ExecStartPre=+{}\nEnvironmentFile=-{}/owner/{}.env\n",
+            "ExecCondition=+{}\nEnvironmentFile=-{}/owner/{}.env\n",
             exec_line(&["berth".to_string(), "owner-check".into(), w.name.clone()]),
             crate::paths::DAEMON_RUNTIME_DIR,
             w.name

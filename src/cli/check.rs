@@ -136,14 +136,8 @@ fn check_live(root: &Root) -> i32 {
             .map(|w| (w.unit_name(), w.stop_delay_s))
             .collect(),
     };
-    let problems = live::problems(&workloads, &units, &expected);
-    let mut out = String::new();
-    for p in &problems {
-        out.push_str(&format!("live: problem: {p}\n"));
-    }
-    for n in live::notes(&workloads, &units) {
-        out.push_str(&format!("live: note: {n}\n"));
-    }
+    let mut problems = live::problems(&workloads, &units, &expected);
+    let mut guest_warnings = Vec::new();
     if has_guests {
         let guests: Vec<libvirt::check::Guest> = loaded
             .workloads
@@ -158,14 +152,24 @@ fn check_live(root: &Root) -> i32 {
                     unit_active: units
                         .get(&w.unit_name())
                         .is_some_and(|u| u.active_state.is_running()),
+                    ha: w.ha.is_some() && loaded.host.cluster.is_some(),
                 }),
                 _ => None,
             })
             .collect();
         let host = libvirt::check::gather(root, guests_service);
-        for warning in libvirt::check::warnings(&guests, &host) {
-            out.push_str(&format!("live: warning: {warning}\n"));
-        }
+        problems.extend(libvirt::check::problems(&guests, &host));
+        guest_warnings = libvirt::check::warnings(&guests, &host);
+    }
+    let mut out = String::new();
+    for p in &problems {
+        out.push_str(&format!("live: problem: {p}\n"));
+    }
+    for n in live::notes(&workloads, &units) {
+        out.push_str(&format!("live: note: {n}\n"));
+    }
+    for warning in guest_warnings {
+        out.push_str(&format!("live: warning: {warning}\n"));
     }
     if problems.is_empty() {
         out.push_str(&format!(

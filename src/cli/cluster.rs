@@ -16,10 +16,14 @@ use crate::config;
 use crate::paths::Root;
 use crate::systemd::Ops;
 
+/// owner-check's refusal: as the unit's `ExecCondition=`, 255 fails the
+/// start (1 to 254 would only skip it, and report it done).
+pub const OWNER_CHECK_REFUSED: i32 = 255;
+
 pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
     let refuse = |why: &str| {
         say_error(&format!("berth owner-check: not starting {name}: {why}"));
-        1
+        OWNER_CHECK_REFUSED
     };
     let loaded = config::load(root);
     let Some(settings) = loaded.host.cluster.clone() else {

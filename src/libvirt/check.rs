@@ -21,6 +21,8 @@ pub struct Guest {
     pub force_off_on_timeout: bool,
     /// Its unit is active (or activating, deactivating).
     pub unit_active: bool,
+    /// An HA workload (`ha = true`, cluster mode): one node at a time.
+    pub ha: bool,
 }
 
 /// libvirt-guests.service, when it is enabled: its settings, the script's
@@ -209,7 +211,8 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
     };
     for g in guests {
         let d = &g.domain;
-        if domains.autostart.contains(d) {
+        // An HA guest's flag is a problem, not a warning (`problems`).
+        if domains.autostart.contains(d) && !g.ha {
             out.push(format!(
                 "libvirt domain {d} (workload {}) has libvirt's autostart flag: libvirt starts it whenever its \
                  daemon starts, outside berth's order and freezes; clear it with `virsh autostart --disable {d}`",
@@ -239,6 +242,28 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
         }
     }
     out
+}
+
+/// What breaks an invariant outright: an HA guest whose domain has
+/// libvirt's autostart flag is started by libvirtd on every node that
+/// has the domain, past `berth owner-check`: two nodes may run it.
+pub fn problems(guests: &[Guest], host: &HostView) -> Vec<String> {
+    let Ok(domains) = &host.domains else {
+        return Vec::new();
+    };
+    guests
+        .iter()
+        .filter(|g| g.ha && domains.autostart.contains(&g.domain))
+        .map(|g| {
+            format!(
+                "libvirt domain {d} (workload {w}, ha = true) has libvirt's autostart flag: libvirtd starts it \
+                 on this node whether or not the node owns {w}, past berth owner-check, so two nodes may run it; \
+                 clear it with `virsh autostart --disable {d}`",
+                d = g.domain,
+                w = g.workload
+            )
+        })
+        .collect()
 }
 
 /// Reads the host's libvirt settings (under `root`) and asks virsh.
@@ -333,6 +358,7 @@ mod tests {
             autostart,
             force_off_on_timeout: force,
             unit_active: active,
+            ha: false,
         }
     }
 
@@ -477,6 +503,38 @@ mod tests {
                 assert!(g.contains(w), "{what}: {g:?} lacks {w:?}");
             }
         }
+    }
+
+    /// An HA guest's autostart flag is a problem (not a warning too); a
+    /// plain guest's stays a warning; virsh unanswered says nothing here
+    /// (the warnings say virsh could not be asked).
+    #[test]
+    fn an_ha_guest_with_libvirts_autostart_flag_is_a_problem() {
+        let ha = Guest {
+            ha: true,
+            ..guest("db", Autostart::Yes, true, true)
+        };
+        let plain = guest("vm", Autostart::Yes, true, true);
+        let flagged = host(
+            None,
+            Domains {
+                autostart: set(&["dom-db", "dom-vm"]),
+                active: set(&["dom-db", "dom-vm"]),
+                ..Default::default()
+            },
+        );
+        let guests = [ha.clone(), plain];
+        let found = problems(&guests, &flagged);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("dom-db (workload db, ha = true) has libvirt's autostart flag"));
+        let warnings = warnings(&guests, &flagged);
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert!(warnings[0].contains("dom-vm (workload vm)"));
+        let unanswered = HostView {
+            domains: Err("failed to connect".into()),
+            ..flagged
+        };
+        assert!(problems(&[ha], &unanswered).is_empty());
     }
 
     /// Review of issue 12: `export`, tabs before comments and comments

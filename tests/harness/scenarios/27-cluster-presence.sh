@@ -55,6 +55,10 @@ value='{"node":"n1","stop_bound_s":65,"since":"2026-12-02T00:00:00Z"}'
 etcdctl put --lease="$(printf '%x' "$lease1")" /berth/owners/db "$value" >/dev/null
 start_db
 check_eq "owned by n1 on its lease: it starts" "0 active" "$rc $(ct_prop berth@db.service ActiveState)"
+created=$(etcdctl get /berth/owners/db -w json | python3 -c 'import json, sys; print(json.load(sys.stdin)["kvs"][0]["create_revision"])')
+environ=$(ct sh -c 'tr "\0" "\n" < /proc/$(systemctl show -P MainPID berth@db.service)/environ')
+check_contains "... with the fencing token in its environment (the key's creation)" \
+    "BERTH_OWNER_REVISION=$created" "$environ"
 ct systemctl stop berth@db.service
 etcdctl put /berth/owners/db "${value/n1/n2}" >/dev/null
 start_db
