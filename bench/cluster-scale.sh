@@ -56,7 +56,7 @@ cleanup() {
     pkill -f -- "--endpoints=$url watch" 2>/dev/null || true
     [ -z "$etcd_pid" ] || kill "$etcd_pid" 2>/dev/null || true
     wait 2>/dev/null || true
-    rm -rf "$work"
+    [ -n "${KEEP_WORK:-}" ] && log "bench: kept $work" || rm -rf "$work"
 }
 trap cleanup EXIT
 ctl() { ETCDCTL_API=3 etcdctl --endpoints="$url" "$@"; }
@@ -72,15 +72,17 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$etcd_pid/stat"; }
 ticks0=$(cpu_ticks)
 t0=$(date +%s.%N)
 
-# boot NODE [fail-first]
+# boot NODE [UNTIL]: with UNTIL (Unix time), each workload's first start
+# on NODE before then fails.
 boot() {
-    env ${2:+SIM_FAIL_FIRST_START=1} "$sim" "$work/$1" "$1" "$NODES" "$WORKLOADS" "$url" "$TTL" \
+    env ${2:+SIM_FAIL_FIRST_START_UNTIL=$2} "$sim" "$work/$1" "$1" "$NODES" "$WORKLOADS" "$url" "$TTL" \
         >>"$work/$1.out" 2>>"$work/$1.err" &
     pid[$1]=$!
 }
 # At the first boot every workload's first start fails (the simulated
 # start job): the reconciliation starts it again.
-for i in $(seq "$NODES"); do boot "n$i" fail-first; done
+fail_until=$(( $(date +%s) + 15 ))
+for i in $(seq "$NODES"); do boot "n$i" "$fail_until"; done
 owned() { [ "$(ctl get --prefix /berth/owners/ --keys-only | grep -c .)" -eq "$WORKLOADS" ]; }
 for _ in $(seq 300); do owned && break; sleep 0.2; done
 owned || die "not every workload was taken within 60 s; see $work/*.err"
@@ -93,6 +95,8 @@ counters() {
 $(curl -s "$url/metrics" | awk '/^grpc_server_msg_received_total/ && /LeaseKeepAlive/ { s += $2 } END { print s + 0 }') \
 $(curl -s "$url/metrics" | awk '/^grpc_server_started_total/ && /grpc_type="unary"/ { s += $2 } END { print s + 0 }')"
 }
+# No start fails any more from here on.
+while [ "$(date +%s)" -le "$fail_until" ]; do sleep 0.5; done
 sleep 5
 before=$(counters)
 sleep "$IDLE_S"

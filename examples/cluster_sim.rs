@@ -31,20 +31,22 @@ use berth::paths::Root;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 /// Every start is as quick as a unit's start job, and one line; what
-/// was started runs until fenced. With `SIM_FAIL_FIRST_START` set in the
-/// environment, each workload's first start on this node fails instead
-/// (`start-failed WORKLOAD UNIX_TIME`), as a unit whose start job failed.
+/// was started runs until fenced. With `SIM_FAIL_FIRST_START_UNTIL`
+/// (a Unix time) in the environment, each workload's first start on this
+/// node before then fails instead (`start-failed WORKLOAD UNIX_TIME`), as
+/// a unit whose start job failed.
 #[derive(Default)]
 struct Recorder {
     running: std::cell::RefCell<std::collections::BTreeSet<String>>,
-    fail_first: bool,
+    fail_until: f64,
     failed: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 impl Units for Recorder {
     fn start(&self, workload: &Workload) -> Pending<bool> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let fails = self.fail_first && self.failed.borrow_mut().insert(workload.name.clone());
+        let fails =
+            now.as_secs_f64() < self.fail_until && self.failed.borrow_mut().insert(workload.name.clone());
         let mut out = std::io::stdout().lock();
         let what = if fails { "start-failed" } else { "start" };
         let _ = writeln!(out, "{what} {} {:.6}", workload.name, now.as_secs_f64());
@@ -117,7 +119,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
-    std::process::exit(runtime.block_on(run(root, loaded, node.clone())))
+    // A LocalSet, as the daemon's agent thread: the ownership loop spawns
+    // its starts and fences there.
+    let local = tokio::task::LocalSet::new();
+    std::process::exit(local.block_on(&runtime, run(root, loaded, node.clone())))
 }
 
 fn write_config(
@@ -205,7 +210,10 @@ async fn run(root: Root, loaded: config::Loaded, node: String) -> i32 {
             1
         }
         _ = take::run_with(client.clone(), &sim, lease, announced, locals, Rc::new(Recorder {
-            fail_first: std::env::var_os("SIM_FAIL_FIRST_START").is_some(),
+            fail_until: std::env::var("SIM_FAIL_FIRST_START_UNTIL")
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0.0),
             ..Recorder::default()
         })) => 1,
         _ = term.recv() => {
