@@ -269,6 +269,34 @@ fn freeze_refuses_a_typo_unless_forced() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
+/// A reason longer than 1024 bytes is a usage error, local or cluster,
+/// and nothing is written.
+#[test]
+fn freeze_refuses_a_reason_too_long() {
+    let (root, _) = root_with_web();
+    let long = "x".repeat(1025);
+    for args in [
+        &["freeze", "web", "--reason", long.as_str()][..],
+        &["freeze", "--cluster", "--reason", long.as_str()],
+    ] {
+        let o = run(berth_bin(), args, Some(root.path()));
+        assert_eq!(code(&o), 2, "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--reason is 1025 bytes; at most 1024"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert!(!root.path().join("var/lib/berth/freeze/instance/web").exists());
+    let fits = "x".repeat(1024);
+    let o = run(
+        berth_bin(),
+        &["freeze", "web", "--reason", fits.as_str()],
+        Some(root.path()),
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
 /// Issue 14: the cluster's verbs outside cluster mode are runtime errors
 /// naming the missing section; a bad name is a usage error.
 #[test]

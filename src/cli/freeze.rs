@@ -9,8 +9,23 @@ use crate::names::{is_valid_workload_name, unit_name};
 use crate::paths::Root;
 use crate::state::freeze;
 
+/// The longest `--reason` taken (bytes): it is shown by every `berth
+/// status`, and a cluster freeze puts it in etcd for every node to copy.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// A reason too long for that (exit 2), said.
+fn refuse_long_reason(reason: &str) -> Option<i32> {
+    (reason.len() > MAX_REASON_BYTES).then(|| {
+        say_error(&format!(
+            "berth freeze: --reason is {} bytes; at most {MAX_REASON_BYTES}",
+            reason.len()
+        ));
+        2
+    })
+}
+
 pub(super) fn freeze(root: &Root, name: Option<&str>, reason: &str, force: bool) -> i32 {
-    if let Some(code) = refuse_typo(root, name, force) {
+    if let Some(code) = refuse_long_reason(reason).or_else(|| refuse_typo(root, name, force)) {
         return code;
     }
     freeze_cmd(root, name, Some(reason))
@@ -53,7 +68,7 @@ fn cluster_of(root: &Root, verb: &str) -> Result<(crate::config::ClusterSettings
 
 /// `berth freeze [NAME] --cluster`.
 pub(super) fn freeze_cluster(root: &Root, name: Option<&str>, reason: &str, force: bool) -> i32 {
-    if let Some(code) = refuse_typo(root, name, force) {
+    if let Some(code) = refuse_long_reason(reason).or_else(|| refuse_typo(root, name, force)) {
         return code;
     }
     let (settings, node) = match cluster_of(root, "freeze") {

@@ -22,7 +22,7 @@ use etcd_client::{Client, EventType};
 
 use super::keys::{ClusterFreeze, Keys};
 use super::node::Node;
-use super::session;
+use super::session::{self, ClusterError};
 use crate::state::cluster::{self as cluster_files, FreezeRevision as Processed};
 use crate::state::freeze::{self, Adopted, Freeze, Scope};
 
@@ -381,7 +381,15 @@ fn apply(node: &Node, actions: &[Action], when: When) -> bool {
 /// etcd did not answer.
 async fn listing(client: &mut Client, node: &Node, when: When) -> Option<((i64, u64), bool)> {
     let keys = &node.keys;
-    let r = session::list(client, &keys.freezes()).await.ok()?;
+    let r = match session::list_dir(client, &keys.freezes()).await {
+        Ok(r) => r,
+        Err(e @ ClusterError::TooMany { .. }) => {
+            node.events
+                .warn(&format!("cluster: cannot list the freezes: {e}"));
+            return None;
+        }
+        Err(_) => return None,
+    };
     let header = r.header()?;
     let (revision, cluster_id) = (header.revision(), header.cluster_id());
     let all: Vec<Seen> = r

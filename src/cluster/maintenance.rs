@@ -20,7 +20,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use super::keys::{Keys, NodeState, Owner};
 use super::node::Node;
@@ -67,9 +67,7 @@ struct Held {
 
 /// The owner keys naming `node` on `lease`.
 async fn held(client: &mut Client, keys: &Keys, node: &str, lease: i64) -> Result<Vec<Held>, ClusterError> {
-    let listing = client
-        .get(keys.owners(), Some(GetOptions::new().with_prefix()))
-        .await?;
+    let listing = super::session::list_dir(client, &keys.owners()).await?;
     Ok(listing
         .kvs()
         .iter()

@@ -66,7 +66,7 @@ async fn look(client: &mut Client, keys: &Keys, node: &str) -> Option<Vec<String
     let present = session::get(client, &keys.nodes(), keys_only()).await.ok()?;
     let present = names(&present, &keys.nodes());
     let dir = keys.last_state("");
-    let states = session::list(client, &dir).await.ok()?;
+    let states = session::list_dir(client, &dir).await.ok()?;
     let last_states = states
         .kvs()
         .iter()

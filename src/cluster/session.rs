@@ -114,11 +114,6 @@ pub async fn get(
     within(CALL_TIMEOUT, client.get(key, options)).await
 }
 
-/// Every key under `prefix`, bounded.
-pub async fn list(client: &mut Client, prefix: &str) -> Result<GetResponse, ClusterError> {
-    get(client, prefix, Some(GetOptions::new().with_prefix())).await
-}
-
 /// The most keys one listing of a directory reads: more is refused, not
 /// half read.
 pub const LIST_LIMIT: i64 = 20_000;
