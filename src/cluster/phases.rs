@@ -379,6 +379,15 @@ mod tests {
         }
     }
 
+    /// The node's live lease, once it joined.
+    async fn joined(node: &Node) -> i64 {
+        until(20 * SEC, "the node joins", || {
+            let id = node.lease.lease_id();
+            async move { (id != 0).then_some(id) }
+        })
+        .await
+    }
+
     /// Asks the agent to leave; its answer.
     async fn leave(leave: &tokio::sync::mpsc::UnboundedSender<std::sync::mpsc::Sender<String>>) -> String {
         let (tell, told) = std::sync::mpsc::channel();
@@ -459,11 +468,7 @@ mod tests {
             let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
             *ops.system_state.borrow_mut() = Some("stopping".into());
             let leaving = start(&node, &ops);
-            let live = until(20 * SEC, "the node joins", || {
-                let id = node.lease.lease_id();
-                async move { (id != 0).then_some(id) }
-            })
-            .await;
+            let live = joined(&node).await;
             let said = leave(&leaving).await;
             assert_eq!(said, "the host is shutting down: the drain speaks for this node");
             assert!(crate::state::cluster::read_maintenance(&node.root.state_dir()).is_none());
@@ -592,11 +597,7 @@ mod tests {
             .unwrap();
             let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
             let _leaving = start(&node, &ops);
-            let live = until(20 * SEC, "the node joins", || {
-                let id = node.lease.lease_id();
-                async move { (id != 0).then_some(id) }
-            })
-            .await;
+            let live = joined(&node).await;
             let owner = Owner {
                 node: "n1".into(),
                 stop_bound_s: 30,
@@ -753,11 +754,7 @@ mod tests {
             );
             let began = Instant::now();
             let _leaving = start(&node, &ops);
-            until(20 * SEC, "the node joins", || {
-                let id = node.lease.lease_id();
-                async move { (id != 0).then_some(()) }
-            })
-            .await;
+            joined(&node).await;
             until(3 * SEC, "db is started within 3 s of the join", || {
                 let done = did(&ops, "start", began);
                 async move { done.then_some(()) }

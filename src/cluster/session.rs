@@ -127,8 +127,16 @@ pub const REPLY_LIMIT: usize = 256 << 20;
 /// `owners/`, `freeze/`…), at most [`LIST_LIMIT`] of them, in a reply of
 /// at most [`REPLY_LIMIT`], bounded in time.
 pub async fn list_dir(client: &Client, dir: &str) -> Result<GetResponse, ClusterError> {
+    list_dir_at(client, dir, 0).await
+}
+
+/// The same at `revision` (0: the latest).
+pub async fn list_dir_at(client: &Client, dir: &str, revision: i64) -> Result<GetResponse, ClusterError> {
     let mut kv = client.kv_client().max_decoding_message_size(REPLY_LIMIT);
-    let options = GetOptions::new().with_prefix().with_limit(LIST_LIMIT);
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_limit(LIST_LIMIT)
+        .with_revision(revision);
     let got = within(CALL_TIMEOUT, kv.get(dir, Some(options))).await?;
     if got.more() {
         return Err(ClusterError::TooMany {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp};
 
 use super::keys::{LastOwner, Owner};
 use super::node::Node;
@@ -151,35 +151,14 @@ struct Listing {
     last_owners: BTreeMap<String, LastOwner>,
 }
 
-/// Every key under `dir` at `revision`, bounded as [`session::list_dir`].
-async fn list_at(
-    client: &Client,
-    dir: &str,
-    revision: i64,
-) -> Result<etcd_client::GetResponse, ClusterError> {
-    let mut kv = client.kv_client().max_decoding_message_size(session::REPLY_LIMIT);
-    let options = GetOptions::new()
-        .with_prefix()
-        .with_limit(session::LIST_LIMIT)
-        .with_revision(revision);
-    let got = session::within(CALL_TIMEOUT, kv.get(dir, Some(options))).await?;
-    if got.more() {
-        return Err(ClusterError::TooMany {
-            dir: dir.to_string(),
-            limit: session::LIST_LIMIT,
-        });
-    }
-    Ok(got)
-}
-
 /// Lists `nodes/`, `owners/` and `last-owner/` (only they: whatever else
 /// lies under the prefix, however large, is not read) at one revision.
 async fn list(client: &Client, node: &Node) -> Result<Listing, ClusterError> {
     let keys = &node.keys;
     let nodes = session::list_dir(client, &keys.nodes()).await?;
     let revision = nodes.header().map_or(0, |h| h.revision());
-    let owners = list_at(client, &keys.owners(), revision).await?;
-    let last_owners = list_at(client, &keys.last_owners(), revision).await?;
+    let owners = session::list_dir_at(client, &keys.owners(), revision).await?;
+    let last_owners = session::list_dir_at(client, &keys.last_owners(), revision).await?;
     let mut listing = Listing {
         revision,
         presences: BTreeMap::new(),
