@@ -256,6 +256,12 @@ pub async fn fence_now<O: Ops>(
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    stop_now(sd, root, &running, events).await
+}
+
+/// Stops `running` at once, each within its stop bound, recorded as the
+/// fence's; the names of those it stopped. The caller said why.
+pub async fn stop_now<O: Ops>(sd: &O, root: &Root, running: &[Workload], events: &Events) -> Vec<String> {
     let stops = running.iter().map(|w| (w, sd_bound(w))).collect();
     crate::drain::stop_at_once(sd, root, stops, TransitionReason::Fence, events)
         .await

@@ -273,7 +273,8 @@ impl Reconciler {
         self.passes += 1;
         self.due = false;
         self.last = Some(boottime());
-        let ran = files::read_ran(&node.root.runtime_dir());
+        // Read only when a new ownership appears, not at every pass.
+        let mut ran: Option<BTreeMap<String, i64>> = None;
         for w in node.workloads.iter().filter(|w| w.ha.is_some()) {
             let owner = view.owners.get(&w.name);
             let key = Key::of(owner, &node.name, live);
@@ -285,7 +286,11 @@ impl Reconciler {
                     // boot saw it run.
                     t = Track {
                         revision,
-                        ran: revision != 0 && ran.get(&w.name) == Some(&revision),
+                        ran: revision != 0
+                            && ran
+                                .get_or_insert_with(|| files::read_ran(&node.root.runtime_dir()))
+                                .get(&w.name)
+                                == Some(&revision),
                         suspect: t.suspect,
                         ..Track::default()
                     };

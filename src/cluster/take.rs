@@ -120,7 +120,9 @@ impl<O: Ops + 'static> Units for OpsUnits<O> {
         let (ops, root, w) = (self.ops.clone(), self.root.clone(), workload.clone());
         Box::pin(async move {
             let events = Events::new("berth-daemon");
-            super::fence::fence_now(&*ops, &root, std::slice::from_ref(&w), &events, true).await;
+            // The reconciliation said why: not the lease deadline's
+            // message of fence_now.
+            super::fence::stop_now(&*ops, &root, std::slice::from_ref(&w), &events).await;
         })
     }
 }
