@@ -41,7 +41,7 @@ RELEASE_DIR := $(TARGET_DIR)/release
 MAN_PAGES := $(patsubst man/%.scd,%,$(wildcard man/*.scd))
 SCDOC ?= scdoc
 
-UNITS := berth.target berth.slice berth-drain.service berth-autostart.service berth-daemon.service berth@.service
+UNITS := berth.target berth.slice berth-drain.service berth-autostart.service berth-daemon.service berth-fence-watch.service berth@.service
 
 INSTALL ?= install
 

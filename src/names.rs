@@ -11,6 +11,8 @@ pub const SLICE: &str = "berth.slice";
 pub const DRAIN: &str = "berth-drain.service";
 pub const AUTOSTART: &str = "berth-autostart.service";
 pub const DAEMON: &str = "berth-daemon.service";
+/// The fence's backstop, wanted by the daemon in cluster mode.
+pub const FENCE_WATCH: &str = "berth-fence-watch.service";
 /// The workload template.
 pub const TEMPLATE: &str = "berth@.service";
 
@@ -20,7 +22,7 @@ pub const WORKLOAD_PATTERN: &str = "berth@*.service";
 /// Units berth ships; a workload may not order itself against them (the
 /// autostart waits for workload starts, the drain stops workloads: either
 /// way round is a deadlock).
-pub const PACKAGED_UNITS: &[&str] = &[TARGET, SLICE, DRAIN, AUTOSTART, DAEMON, TEMPLATE];
+pub const PACKAGED_UNITS: &[&str] = &[TARGET, SLICE, DRAIN, AUTOSTART, DAEMON, FENCE_WATCH, TEMPLATE];
 
 /// Where systemd puts the D-Bus objects of workload units: it escapes
 /// every byte of a unit name outside `[A-Za-z0-9]` as `_xx`, so `berth@…`

@@ -90,6 +90,9 @@ const DAEMON_CLUSTER_UNIT: &str = "
 [Unit]
 Wants=network-online.target
 After=network-online.target
+# The fence's backstop: started with the daemon, stopped by nothing the
+# daemon does (a Wants= does not carry a stop).
+Wants=berth-fence-watch.service
 ";
 
 /// Fills `{name}` placeholders in one pass over the template, so text that

@@ -8,17 +8,18 @@
 
 use std::path::Path;
 
-use crate::names::{AUTOSTART, DAEMON, DRAIN, SLICE, TARGET, TEMPLATE};
+use crate::names::{AUTOSTART, DAEMON, DRAIN, FENCE_WATCH, SLICE, TARGET, TEMPLATE};
 use crate::paths::{Manager, STATE_DIR};
 use crate::unit_text::exec_line;
 
 /// (unit file name, template). berth.target first: it is what gets enabled.
-pub const TEMPLATES: [(&str, &str); 6] = [
+pub const TEMPLATES: [(&str, &str); 7] = [
     (TARGET, include_str!("../units/berth.target.in")),
     (SLICE, include_str!("../units/berth.slice.in")),
     (DRAIN, include_str!("../units/berth-drain.service.in")),
     (AUTOSTART, include_str!("../units/berth-autostart.service.in")),
     (DAEMON, include_str!("../units/berth-daemon.service.in")),
+    (FENCE_WATCH, include_str!("../units/berth-fence-watch.service.in")),
     (TEMPLATE, include_str!("../units/berth@.service.in")),
 ];
 
@@ -41,8 +42,9 @@ fn sandbox(manager: Manager, unit: &str) -> &'static str {
         (Manager::System, DAEMON) => include_str!("../units/sandbox/daemon.system"),
         (Manager::System, DRAIN) => include_str!("../units/sandbox/drain.system"),
         (Manager::System, AUTOSTART) => include_str!("../units/sandbox/autostart.system"),
+        (Manager::System, FENCE_WATCH) => include_str!("../units/sandbox/fence-watch.system"),
         (Manager::User, DAEMON) => include_str!("../units/sandbox/daemon.user"),
-        (Manager::User, DRAIN | AUTOSTART) => include_str!("../units/sandbox/user"),
+        (Manager::User, DRAIN | AUTOSTART | FENCE_WATCH) => include_str!("../units/sandbox/user"),
         _ => "",
     }
 }

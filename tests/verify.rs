@@ -84,6 +84,7 @@ fn verify_tree(generated: &Path, units: &Path) -> Result<(), String> {
         "berth-drain.service".into(),
         "berth-autostart.service".into(),
         "berth-daemon.service".into(),
+        "berth-fence-watch.service".into(),
         // The template alone, without any drop-in, must load too.
         "berth@undefined-workload.service".into(),
     ];

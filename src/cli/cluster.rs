@@ -5,6 +5,9 @@
 //! - `berth fence-arm`: ExecStopPost= of berth-daemon in cluster mode:
 //!   arms `berth-fence.timer` at the lease deadline the daemon last saw.
 //! - `berth fence`: what that timer starts: stops the HA workloads.
+//! - `berth fence-watch`: berth-fence-watch.service, the fence's
+//!   backstop: stops the HA workloads a second past the recorded deadline
+//!   if the daemon's fence and the timer did not.
 //! - `berth cluster forget N`: N is gone for good; the rejoin grace stops
 //!   waiting for it.
 
@@ -45,6 +48,11 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         Ok(b) => b,
         Err(e) => return refuse(&format!("cannot read this boot's id: {e}")),
     };
+    if crate::state::cluster::read_drained(&root.runtime_dir()).as_deref() == Some(boot_id.as_str()) {
+        return refuse(
+            "berth drain ran on this node in this boot; it starts no HA workload until berth-daemon joins the cluster again",
+        );
+    }
     let checked = block_on(crate::cluster::owner::confirm(
         &settings,
         &node,
@@ -151,6 +159,86 @@ pub(super) fn fence(root: &Root) -> i32 {
         Ok(()) => 0,
         Err(e) => fail("fence", &e),
     }
+}
+
+pub(super) fn fence_watch(root: &Root) -> i32 {
+    use crate::cluster::fence_watch::{LATE, Look, look};
+    if config::load(root).host.cluster.is_none() {
+        say("berth fence-watch: there is no [cluster] section in berth.toml: nothing to watch\n");
+        return 0;
+    }
+    let runtime_dir = root.runtime_dir();
+    let mut last_fence = None;
+    loop {
+        // An upgrade replaced the binary: the new one takes over the watch
+        // (RestartForceExitStatus=75).
+        if crate::daemon::binary_replaced() {
+            say("berth fence-watch: the berth binary was replaced: relaunching (exit 75)\n");
+            return crate::daemon::EXIT_RELAUNCH;
+        }
+        let deadline = fence::read_deadline(&runtime_dir);
+        let now = boottime();
+        if deadline.is_none_or(|d| now < d + LATE) {
+            last_fence = None;
+        }
+        match look(deadline, now, last_fence) {
+            Look::Sleep(nap) => std::thread::sleep(nap),
+            Look::Fence => {
+                let first = last_fence.is_none();
+                last_fence = Some(now);
+                if let Err(e) = backstop_fence(root, first) {
+                    say_error(&format!(
+                        "berth fence-watch: the lease deadline passed, and the HA workloads cannot be stopped: {e:#} (trying again in {} s)",
+                        crate::cluster::fence_watch::AGAIN.as_secs()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// One look of the backstop: stops the HA workloads that still run.
+/// `first`: the first look since this deadline passed, said even when
+/// nothing runs.
+fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
+    // The daemon reports the configuration's errors; this says only what
+    // it does.
+    let loaded = config::load(root);
+    let events = crate::events::Events::new("berth");
+    let ha: Vec<config::Workload> = loaded
+        .workloads
+        .iter()
+        .filter(|w| w.ha.is_some())
+        .cloned()
+        .collect();
+    with_systemd(root, |sd| async move {
+        // One already stopping is the fence's or the timer's stop under
+        // way (each within its bound): not stopped a second time.
+        let mut running = Vec::new();
+        for w in ha {
+            let state = sd.active_state(&w.unit_name()).await?;
+            if !state.is_down() && state != crate::systemd::ActiveState::Deactivating {
+                running.push(w);
+            }
+        }
+        if running.is_empty() {
+            if first {
+                events.info("cluster: fence-watch: the lease deadline passed; no HA workload runs here");
+            }
+            return Ok(());
+        }
+        events.warn(&format!(
+            "cluster: fence-watch: the lease deadline passed {} s ago and {} still run here (neither the daemon's fence nor berth-fence.timer stopped them): stopping them",
+            crate::cluster::fence_watch::LATE.as_secs(),
+            running
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        fence::stop_now(&sd, root, &running, &events).await;
+        Ok(())
+    })
 }
 
 pub(super) fn forget(root: &Root, node: &str) -> i32 {

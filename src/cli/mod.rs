@@ -182,6 +182,9 @@ enum Verb {
     /// What the fence timer runs: stops this node's HA workloads, recorded as the fence's.
     #[command(hide = true)]
     Fence,
+    /// ExecStart of berth-fence-watch.service: the fence's backstop, a second past the deadline.
+    #[command(hide = true)]
+    FenceWatch,
     /// ExecStart of a libvirt workload's unit: starts or adopts the domain and follows it.
     #[command(hide = true)]
     Guest {
@@ -229,6 +232,7 @@ pub fn main() -> i32 {
         Verb::OwnerCheck { name } => with_root(root, |r| cluster::owner_check(r, &name)),
         Verb::FenceArm => with_root(root, cluster::fence_arm),
         Verb::Fence => with_root(root, cluster::fence),
+        Verb::FenceWatch => with_root(root, cluster::fence_watch),
         Verb::Guest {
             domain,
             stop_delay,

@@ -20,7 +20,9 @@
 //!   [`reconcile`]: what is owned here runs here, and what runs here is
 //!   owned here, looked at again and again.
 //! - [`fence`]: stops the HA workloads when the lease deadline passes,
-//!   starts them again once the owner key is confirmed.
+//!   starts them again once the owner key is confirmed;
+//!   [`fence_watch`]: its backstop, a process of its own that needs
+//!   nothing from the daemon but the deadline file.
 //! - [`maintenance`]: a daemon stopped or restarted on purpose hands its
 //!   keys to a lease of the grace period, and takes them back at its join.
 //! - [`release`]: the drain's companion: announce, release, keep the
@@ -35,6 +37,7 @@ pub mod admin;
 pub mod adoption;
 pub mod agent;
 pub mod fence;
+pub mod fence_watch;
 pub mod join;
 pub mod keys;
 pub mod maintenance;

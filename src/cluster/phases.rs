@@ -164,6 +164,8 @@ pub async fn join(node: &Node) -> (Client, Joined) {
     // At once, not at the fence's next look: `berth owner-check` refuses
     // starts past the deadline it finds there.
     fence::write_deadline(&node.root.runtime_dir(), joined.deadline);
+    // Up again: a drain of this boot no longer holds starts back.
+    crate::state::cluster::remove_drained(&node.root.runtime_dir());
     node.events.info(&format!(
         "cluster: joined as {} at {}, lease {:x} ({}, TTL {} s){}",
         node.name,
@@ -623,6 +625,70 @@ mod tests {
             .await;
             let ran = crate::state::cluster::read_ran(&node.root.runtime_dir());
             assert!(ran.contains_key("db"), "the ownership it ran in is kept: {ran:?}");
+        });
+    }
+
+    /// A take applied by etcd whose answer comes late (etcd's replies to
+    /// n1 held in a relay past the take's timeout): n1 learns from the
+    /// watch that the key is its own, and the reconciliation starts db.
+    #[test]
+    fn a_take_answered_too_late_is_started_once_the_watch_shows_the_key() {
+        on_etcd(|url| async move {
+            let relay = crate::testing::relay::Relay::start(&url).await;
+            let (_dir, node) = n1(&relay.url, "");
+            let mut c = client(&url).await;
+            let theirs = c.lease_grant(60, None).await.unwrap().id();
+            let owner = Owner {
+                node: "n2".into(),
+                stop_bound_s: 1,
+                since: "T".into(),
+                boot_id: "b".into(),
+            };
+            c.put(
+                node.keys.owner("db"),
+                serde_json::to_string(&owner).unwrap(),
+                Some(etcd_client::PutOptions::new().with_lease(theirs)),
+            )
+            .await
+            .unwrap();
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            let _leaving = start(&node, &ops);
+            joined(&node).await;
+            // The node has listed n2's key.
+            tokio::time::sleep(SEC).await;
+            let deleted = Instant::now();
+            c.delete(node.keys.owner("db"), None).await.unwrap();
+            // n1 sees the deletion, waits n2's 1 s bound and takes: its
+            // request reaches etcd, the answer waits in the relay past the
+            // take's timeout (one keep-alive interval, 2 s at TTL 10).
+            tokio::time::sleep(SEC * 3 / 10).await;
+            relay.hold_replies(true);
+            tokio::time::sleep(SEC * 35 / 10).await;
+            let (value, _) = read(&mut c, &node.keys.owner("db"))
+                .await
+                .expect("the take was applied");
+            let taken: Owner = serde_json::from_slice(&value).unwrap();
+            assert_eq!(taken.node, "n1");
+            assert!(!did(&ops, "start", deleted), "no start while the answer is held");
+            let released = Instant::now();
+            relay.hold_replies(false);
+            until(
+                crate::cluster::reconcile::PERIOD + 3 * SEC,
+                "db, taken without an answer, is started",
+                || {
+                    let done = did(&ops, "start", released);
+                    async move { done.then_some(()) }
+                },
+            )
+            .await;
+            tokio::time::sleep(crate::cluster::reconcile::PERIOD * 2).await;
+            let starts = ops
+                .spans
+                .borrow()
+                .iter()
+                .filter(|(u, v, _, _)| u == "berth@db.service" && *v == "start")
+                .count();
+            assert_eq!(starts, 1, "started once");
         });
     }
 

@@ -62,6 +62,15 @@ impl Release {
             .map_err(|e| events.warn(&format!("cluster: {e}; the drain releases nothing")))
             .ok()?;
         let boot = crate::state::runs::boot_id().ok()?;
+        // Before anything stops: a start racing the drain (`systemctl
+        // start` while it runs) is refused by owner-check from here on, so
+        // that nothing runs again here after its key is released.
+        if let Err(e) = crate::state::cluster::write_drained(&root.runtime_dir(), &boot) {
+            events.warn(&format!(
+                "cluster: cannot record the drain in {} ({e}): a start racing it is not refused",
+                crate::state::cluster::drained_path(&root.runtime_dir()).display()
+            ));
+        }
         let lease = match presence::read_lease_record(&root.state_dir()) {
             Ok(r) if r.boot_id == boot => r.lease_id,
             Ok(_) => {

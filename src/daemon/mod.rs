@@ -413,6 +413,6 @@ fn release_free_memory() {
 
 /// The running executable's file was replaced or removed (the kernel
 /// marks the link " (deleted)").
-fn binary_replaced() -> bool {
+pub fn binary_replaced() -> bool {
     std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
 }

@@ -16,6 +16,8 @@
 //! - `cluster-rejoined`: the boot id whose rejoin grace is over.
 //! - `cluster-listing-error`: why the daemon's last listing of owners
 //!   and presences failed, while it does (for `berth status`).
+//! - `cluster-drained`: the boot id in which `berth drain` began here;
+//!   `owner-check` refuses every start until the daemon joins again.
 //! - `cluster-ran.json`: for each HA workload owned here, the ownership
 //!   (its key's create revision) in which it has run, so that a restarted
 //!   daemon does not start again what ran and was stopped since.
@@ -118,6 +120,32 @@ pub fn read_rejoined(runtime_dir: &Path) -> Option<String> {
 
 pub fn write_rejoined(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
     atomic::write_json(&rejoined_path(runtime_dir), boot_id.as_bytes())
+}
+
+pub fn drained_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster-drained")
+}
+
+/// The boot in which a drain began here, if one did and the daemon has
+/// not joined since.
+pub fn read_drained(runtime_dir: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(drained_path(runtime_dir))
+        .ok()?
+        .take(256)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text.trim().to_string())
+}
+
+pub fn write_drained(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
+    atomic::write_json(&drained_path(runtime_dir), boot_id.as_bytes())
+}
+
+/// The daemon joined again: the node takes and starts HA workloads.
+pub fn remove_drained(runtime_dir: &Path) {
+    let _ = std::fs::remove_file(drained_path(runtime_dir));
 }
 
 pub fn listing_error_path(runtime_dir: &Path) -> PathBuf {

@@ -3,6 +3,7 @@
 //! and a real etcd for the cluster agent's phases.
 
 pub(crate) mod etcd;
+pub(crate) mod relay;
 
 use crate::config::Loaded;
 use crate::paths::Root;

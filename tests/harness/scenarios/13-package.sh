@@ -81,7 +81,7 @@ check_eq "installed version" "$V1" "$(ct dpkg-query -W -f '${Version}' berth)"
 check_eq "berth.target is not enabled" disabled "$(ct systemctl is-enabled berth.target 2>&1 || true)"
 check_eq "no berth unit is active or activating" "" \
     "$(ct systemctl list-units --all --no-legend --plain --state=active,activating,reloading,deactivating 'berth*' 2>&1)"
-for u in berth.target berth-drain.service berth-autostart.service berth-daemon.service berth.slice; do
+for u in berth.target berth-drain.service berth-autostart.service berth-daemon.service berth-fence-watch.service berth.slice; do
     check_eq "$u loaded and inactive" "loaded inactive" "$(ct_prop "$u" LoadState) $(ct_prop "$u" ActiveState)"
 done
 check "the berth group exists" ct getent group berth
@@ -90,7 +90,7 @@ check_eq "/run/berthd belongs to the berth group" "root:berth 750" "$(ct stat -c
 check "the journal catalog knows berth's records" \
     sh -c "nsenter -t $CT_PID -a journalctl --list-catalog a0ddea6ee36c427990a5421dd1040be6 | grep -q a0ddea6e"
 out=$(ct systemd-analyze verify --man=no berth.target berth-drain.service berth-autostart.service \
-    berth-daemon.service berth.slice berth@example.service 2>&1) && rc=0 || rc=$?
+    berth-daemon.service berth-fence-watch.service berth.slice berth@example.service 2>&1) && rc=0 || rc=$?
 check_eq "systemd-analyze verify of the installed units is clean" "0:" "$rc:$out"
 
 # --- 2. configure, enable, power off, boot ------------------------------------

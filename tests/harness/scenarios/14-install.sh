@@ -108,7 +108,7 @@ check "... and nothing was written" test ! -e "/proc/$CT_PID/root/usr/local/bin/
 
 run /opt/src/berth install
 check_eq "source install: exit 0" "0" "$rc"
-check_contains "... writes binary, generator and 6 units" "wrote 8 file(s) of 8" "$out"
+check_contains "... writes binary, generator and 7 units" "wrote 9 file(s) of 9" "$out"
 check_contains "... verified" "verified: berth-daemon.service active" "$out"
 check_contains "the units run the installed binary" "ExecStop=/usr/local/bin/berth drain" "$(ct systemctl cat berth-drain.service)"
 check "the generator ran from /usr/local" test -f "/proc/$CT_PID/root/run/systemd/generator/berth@a.service.d/10-berth.conf"
@@ -134,7 +134,7 @@ ct sh -c 'printf "\n" >> /opt/src/berth'
 run /opt/src/berth install
 check_eq "reinstall of a new build: exit 0" "0" "$rc"
 check_contains "... stops the old daemon before replacing files" "stopped berth-daemon.service before replacing its files" "$out"
-check_contains "... replaces just the binary" "wrote 1 file(s) of 8" "$out"
+check_contains "... replaces just the binary" "wrote 1 file(s) of 9" "$out"
 check "... the old daemon process is gone" ct test ! -d "/proc/$pid"
 # PID 1's own time stamp of the unit going inactive, against the file's
 # mtime, which the kernel takes from its coarse clock (a few ms behind:

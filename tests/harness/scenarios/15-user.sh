@@ -102,9 +102,9 @@ ct sh -c 'mkdir -p /opt/src && cp /usr/bin/berth /opt/src/ && rm -f /usr/lib/sys
 asu systemctl --user daemon-reload
 run /opt/src/berth --user install
 check_eq "per-user install without root: exit 0" "0" "$rc"
-# The binary, 6 units, and the generator's output: drop-ins for the drain,
+# The binary, 7 units, and the generator's output: drop-ins for the drain,
 # the daemon, u1 and u2, and the daemon's wants-link.
-check_contains "... writes the binary, 6 units and the generator's output" "wrote 12 file(s) of 12" "$out"
+check_contains "... writes the binary, 7 units and the generator's output" "wrote 13 file(s) of 13" "$out"
 check_contains "... verified" "verified: berth-daemon.service active" "$out"
 check "... the binary in ~/.local/bin" test -x "$R/home/u/.local/bin/berth"
 check_contains "... which the units run" "ExecStop=/home/u/.local/bin/berth --user drain" "$(asu systemctl --user cat berth-drain.service)"

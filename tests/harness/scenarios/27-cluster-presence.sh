@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# harness-job: class=tight minutes=0.5
+# harness-job: class=tight minutes=0.7
 # Issue 13, first slice: a node's presence in a real etcd (Debian's
 # etcd-server on the host; the container shares the host's network). The
 # daemon in cluster mode joins (node key on its lease, members/N and
@@ -9,7 +9,8 @@
 # down the daemon keeps running (its agent retries, the watchdog is fed)
 # and joins once etcd is back. HA workloads are not started by the boot
 # autostart, and their unit starts only on their owner (berth
-# owner-check, ExecStartPre=).
+# owner-check, ExecCondition=); the fence's backstop stops one a second
+# past the deadline when the daemon is gone and its fence timer too.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 27-cluster-presence
 
@@ -19,7 +20,8 @@ daemon_log() { ct journalctl -b -u berth-daemon.service -o cat --no-pager; }
 
 etcd_start
 config=$HARNESS_DIR/config-cluster
-cluster_config "$config" n1 "$ETCD_PORT" 5
+GRACE=8
+cluster_config "$config" n1 "$ETCD_PORT" 5 maintenance_grace_period_s=$GRACE
 printf 'exec = ["/opt/berth-test/workload", "web"]\n' >"$config/workloads/web.toml"
 # n1 is not among db's candidates: its daemon never takes db here (the
 # three-node scenario 28 takes and moves HA workloads); the owner keys
@@ -33,6 +35,7 @@ check_contains "the daemon is ordered after network-online.target" network-onlin
 # Cluster mode's drop-ins open the network again: rated too.
 check_exposure berth-daemon.service 5
 check_exposure berth-drain.service 5
+check_exposure berth-fence-watch.service 3
 check "the daemon joins as n1" wait_for 20 sh -c "nsenter -t $CT_PID -a journalctl -b -u berth-daemon.service -o cat --no-pager | grep -q 'cluster: joined as n1'"
 lease1=$(lease_of /berth/nodes/n1)
 check "nodes/n1 is bound to a lease ($lease1)" test -n "$lease1" -a "$lease1" != 0
@@ -59,7 +62,39 @@ created=$(etcdctl get /berth/owners/db -w json | python3 -c 'import json, sys; p
 environ=$(ct sh -c 'tr "\0" "\n" < /proc/$(systemctl show -P MainPID berth@db.service)/environ')
 check_contains "... with the fencing token in its environment (the key's creation)" \
     "BERTH_OWNER_REVISION=$created" "$environ"
+
+# The fence's backstop, berth-fence-watch.service: the daemon wants it in
+# cluster mode, and nothing the daemon does stops it. The daemon stops
+# (db's key goes to a maintenance lease of the grace, 8 s); the timer its
+# ExecStopPost= armed is stopped by hand, as if fence-arm had failed. A
+# second past the deadline (the grace less the 2 s margin) the backstop
+# stops db, recorded as the fence's.
+check_eq "the fence's backstop runs beside the daemon" active "$(ct_prop berth-fence-watch.service ActiveState)"
+stopped_at=$(date +%s.%N)
+ct systemctl stop berth-daemon.service
+check_eq "... and outlives the daemon's stop" active "$(ct_prop berth-fence-watch.service ActiveState)"
+ct systemctl stop berth-fence.timer
+db_stopped() { case $(ct_prop berth@db.service ActiveState) in inactive | failed) ;; *) return 1 ;; esac; }
+check "with the fence timer gone, the backstop stops db" wait_for $((GRACE + 10)) db_stopped
+elapsed=$(python3 -c "import time; print(round(time.time() - $stopped_at, 2))")
+check "... not before the deadline and a second ($elapsed s >= $((GRACE - 2 + 1)) s)" \
+    python3 -c "import sys; sys.exit(not $elapsed >= $GRACE - 2 + 1)"
+check_contains "... saying so" "fence-watch: the lease deadline passed 1 s ago and db still run here" \
+    "$(ct journalctl -b -u berth-fence-watch.service -o cat --no-pager)"
+check_contains "... recorded as the fence's stop" '"last_transition_reason": "fence"' \
+    "$(ct cat /var/lib/berth/records/db.json)"
+joins() { ct journalctl -b -u berth-daemon.service -o cat --no-pager | grep -c 'cluster: joined as n1' || true; }
+joined_before=$(joins)
+ct systemctl start berth-daemon.service
+joined_again() { [ "$(joins)" -gt "$joined_before" ]; }
+check "the daemon back, it joins with a new lease" wait_for 20 joined_again
+lease1=$(lease_of /berth/nodes/n1)
+# db's key went with the maintenance lease, or (when the daemon came back
+# first) moved back onto the live lease: the daemon says which.
+decided() { daemon_log | grep -Eq "fence lifted: db's owner key|db stays stopped"; }
+check "... and decides on db, fenced: started again or left stopped" wait_for 10 decided
 ct systemctl stop berth@db.service
+
 etcdctl put /berth/owners/db "${value/n1/n2}" >/dev/null
 start_db
 check "owned by n2: refused on n1 (rc $rc)" test "$rc" -ne 0
@@ -78,7 +113,6 @@ check_eq "... kept alive past its 5 s TTL" "$lease1" "$(lease_of /berth/nodes/n1
 
 # etcd down: the daemon keeps running (its agent retries; the watchdog,
 # 2 s, is fed) and joins when etcd is back.
-joins() { ct journalctl -b -u berth-daemon.service -o cat --no-pager | grep -c 'cluster: joined as n1' || true; }
 joined_before=$(joins)
 etcd_stop
 ct systemctl restart berth-daemon.service
@@ -88,8 +122,24 @@ check_eq "with etcd down the daemon is not killed by its watchdog (same MainPID 
     "$pid" "$(ct_prop berth-daemon.service MainPID)"
 check_contains "... and says it cannot join yet" "cannot join as n1 yet" "$(daemon_log)"
 etcd_start
-joined_again() { [ "$(joins)" -gt "$joined_before" ]; }
 check "... and joins once etcd is back" wait_for 30 joined_again
+
+# A drain by hand: from its start, owner-check refuses every HA start on
+# this node (a `systemctl start` racing it cannot run a workload whose key
+# the drain then releases to a peer), until the daemon joins again.
+ct berth drain >/dev/null 2>&1 || true
+etcdctl put --lease="$(printf '%x' "$(lease_of /berth/nodes/n1)")" /berth/owners/db "$value" >/dev/null
+start_db
+check "after berth drain, a start of db, owned here, is refused (rc $rc)" test "$rc" -ne 0
+check_contains "... saying the node was drained" "not starting db: berth drain ran on this node in this boot" \
+    "$(ct journalctl -b -u berth@db.service -o cat --no-pager)"
+joined_before=$(joins)
+ct systemctl restart berth-daemon.service
+check "the daemon restarted, it joins again" wait_for 20 joined_again
+start_db
+check_eq "... and db, owned here, starts again" "0 active" "$rc $(ct_prop berth@db.service ActiveState)"
+ct systemctl stop berth@db.service
+etcdctl del /berth/owners/db >/dev/null
 
 # A reboot: a new lease; the old one is gone (revoked at the join, or
 # expired during the reboot: the unit test tells the two apart).
