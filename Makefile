@@ -141,7 +141,7 @@ lint:
 # berth must care, e.g. a user manager's %S), the fault-injection suite
 # (tests/harness/faults: daemon kills under churn, a drain against a
 # stalled bus, an API flood) and a short cluster soak (SOAK_FAULTS faults
-# per suite, default 12), all side by side: HARNESS_JOBS at once (default
+# per suite, default 13: one of each kind), all side by side: HARNESS_JOBS at once (default
 # 4). One release build serves the whole run; a phase table ends it.
 # `make check-faults` runs the fault suite alone; `tests/harness/run NAME`
 # runs one scenario.
@@ -149,7 +149,7 @@ HARNESS_SUITES ?= bookworm trixie
 HARNESS_JOBS ?= 4
 SOAK_FAULTS ?=
 check:
-	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' SOAK_FAULTS='$(or $(SOAK_FAULTS),12)' \
+	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_JOBS='$(HARNESS_JOBS)' SOAK_FAULTS='$(or $(SOAK_FAULTS),13)' \
 		tests/harness/check
 
 # No `make all` first: tests/harness/run builds through `make install`, in
@@ -160,10 +160,11 @@ check-faults: deps
 # The cluster soak (tests/harness/soak): three booted nodes, a real etcd,
 # five HA workloads, SOAK_FAULTS random faults (daemon kills and stops,
 # partitions, relay and etcd restarts, power-offs, root kills and
-# freezes) and an invariant checker sampling every root's cgroups. About
-# 25 min per suite at 100 faults (the default here); `make check` runs a
-# short one (12). The suites run side by side. SOAK_SEED=N repeats a
-# run's faults.
+# freezes, latency spikes, deleted owner keys, drains by hand, failed
+# starts) and an invariant checker sampling every root's cgroups and the
+# owner keys. About 25 min per suite at 100 faults (the default here);
+# `make check` runs a short one (13: one of each kind). The suites run
+# side by side. SOAK_SEED=N repeats a run's faults.
 soak: deps
 	python3 tests/harness/soak/test_invariants.py
 	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_SETS=soak SOAK_FAULTS='$(or $(SOAK_FAULTS),100)' tests/harness/run

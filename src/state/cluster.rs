@@ -252,5 +252,13 @@ mod tests {
         assert_eq!(read_freeze_revision(d), None);
         assert_eq!(read_fence_deadline(d), None);
         assert!(read_ran(d).is_empty());
+        // The drain's mark: one boot id, a huge file read only so far.
+        assert_eq!(read_drained(d), None);
+        write_drained(d, "boot-a").unwrap();
+        assert_eq!(read_drained(d).as_deref(), Some("boot-a"));
+        std::fs::write(drained_path(d), "b".repeat(1 << 20)).unwrap();
+        assert_eq!(read_drained(d).map(|t| t.len()), Some(256));
+        remove_drained(d);
+        assert_eq!(read_drained(d), None);
     }
 }

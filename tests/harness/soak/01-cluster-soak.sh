@@ -16,8 +16,21 @@
 #   poweroff-boot               a real power-off (the drain), then a boot
 #   root-kill-boot              the root's PID 1 SIGKILLed, then a boot
 #   root-freeze                 the root's cgroup frozen for less than a lease
-# The first nine faults are the nine kinds in a random order, so that a
-# short run (CI's) meets each; halfway, the owner of an HA workload is
+#   latency-spike               etcd's replies to the node held in its relay
+#                               for 0.5 to 4 s (its requests go through)
+#   key-delete                  the owner key of a workload the node runs,
+#                               deleted by hand: the node fences it, a peer
+#                               takes it after the node's stop bound
+#   manual-drain                `berth drain` by hand on the node, and a
+#                               `systemctl start` of one of its HA workloads
+#                               racing it; then the node's daemon restarted
+#                               and its non-HA workload started again
+#   failed-start                the same drain while every other node fails
+#                               its HA starts (the workload exits before it
+#                               is ready) for 2 to 8 s: the takers' starts
+#                               fail and are tried again
+# The first thirteen faults are the thirteen kinds in a random order, so
+# that a short run (CI's) meets each; halfway, the owner of an HA workload is
 # frozen past its lease and the stop bound, until a peer runs what it owned
 # (the stalled-host window, issue 13). After each fault the driver waits
 # until every node is healthy again (booted, daemon active, presence up)
@@ -30,7 +43,10 @@
 # for longer than lease + stop bound + grace while a candidate was healthy,
 # stops caused by a daemon restart, HA stops under no fault of their node,
 # stops of the non-HA workload other than its root's power-off or death,
-# and every drain's outcomes; it prints the fault log. Each count is a
+# and every drain's outcomes; it prints the fault log. From etcd (its JSON
+# gateway) it samples the owner keys too, and counts HA workloads owned by
+# a healthy node on its live lease that do not run there for longer than
+# the reconcile period plus a start. Each count is a
 # check; a failure keeps the run (journals, samples, fault log) in
 # target/harness/soak-failed-*.
 source "$(dirname "$0")/../lib.sh"
@@ -38,7 +54,7 @@ scenario_begin 01-cluster-soak
 source "$(dirname "$0")/../etcd.sh"
 
 FAULTS=${SOAK_FAULTS:-100}
-[ "$FAULTS" -ge 9 ] 2>/dev/null || die "SOAK_FAULTS must be at least 9 (one fault of each kind), not '$FAULTS'"
+[ "$FAULTS" -ge 13 ] 2>/dev/null || die "SOAK_FAULTS must be at least 13 (one fault of each kind), not '$FAULTS'"
 SEED=${SOAK_SEED:-$((($(date +%s) + $$) % 32768))}
 # Every random number is drawn in this shell (bash seeds RANDOM afresh in
 # a subshell), so that the seed repeats the faults, their nodes and times.
@@ -98,7 +114,8 @@ config_for() {
         case " ${CANDIDATES[$w]} " in *" $1 "*) ;; *) continue ;; esac
         local list
         list=$(printf '"%s", ' ${CANDIDATES[$w]})
-        printf 'exec = ["/opt/berth-test/workload", "%s"]\nha = true\nnodes = [%s]\nstop_delay_s = %s\n' \
+        # Ready at once, or a failed start while the fault's flag is there.
+        printf 'exec = ["/opt/berth-test/workload", "%s", "notify"]\nready = "notify"\nha = true\nnodes = [%s]\nstop_delay_s = %s\n' \
             "$w" "${list%, }" "$STOP_DELAY" >"$dir/workloads/$w.toml"
     done
     printf 'exec = ["/opt/berth-test/workload", "web"]\nstop_delay_s = %s\n' "$STOP_DELAY" >"$dir/workloads/web.toml"
@@ -121,7 +138,8 @@ out, bound, delay, ttl, ha = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), in
 candidates = {$(for w in "${HA[@]}"; do printf '"%s": "%s".split(), ' "$w" "${CANDIDATES[$w]}"; done)}
 nodes = {$(for n in "${NODES[@]}"; do printf '"%s": "%s", ' "$n" "$(root_cgroup "$n")"; done)}
 json.dump({"nodes": nodes, "workloads": ha + ["web"], "ha": {w: candidates[w] for w in ha},
-           "unowned_bound_s": bound, "stop_delay_s": delay, "ttl_s": ttl}, open(out, "w"), indent=1)
+           "unowned_bound_s": bound, "stop_delay_s": delay, "ttl_s": ttl,
+           "etcd": "http://127.0.0.1:$ETCD_PORT"}, open(out, "w"), indent=1)
 EOF
 python3 "$REPO/tests/harness/soak/invariants.py" watch "$SOAK" &
 CHECKER_PID=$!
@@ -199,6 +217,33 @@ target() {
     T=$P
 }
 boot_again() { CT_KEEP_STATE=1 node_boot "$1" ""; }
+# owned_by NODE: an HA workload NODE owns, else a random one; in W.
+owned_by() {
+    local w
+    pick "${HA[@]}"
+    W=$P
+    for w in "${HA[@]}"; do
+        [ "$(owner_of "$w")" != "$1" ] || { W=$w; return; }
+    done
+}
+# drain_by_hand NODE [RACE]: `berth drain` on NODE; with RACE, a start of
+# W on NODE RACE seconds after the drain began. Then the node back in
+# service, as an admin would: its daemon restarted (a drained presence
+# takes nothing), its non-HA workload started.
+drain_by_hand() {
+    local n=$1 race=${2:-} pid
+    on "$n" berth drain >/dev/null 2>&1 &
+    pid=$!
+    if [ -n "$race" ]; then
+        sleep "$race"
+        on "$n" systemctl start --no-block "berth@$W.service" || true
+    fi
+    wait "$pid" || say "berth drain on $n failed"
+}
+back_in_service() {
+    on "$1" systemctl restart berth-daemon.service || say "daemon restart on $1 failed"
+    on "$1" systemctl start berth@web.service || say "web start on $1 failed"
+}
 # keep_drain NODE BOOT-ID: the drain report of the boot that just ended,
 # noted for the report (a report of an earlier boot is not counted).
 DRAINS=0
@@ -309,6 +354,53 @@ fault() {
             FROZEN_CG=
             say "$kind $n ${d}s"
             ;;
+        latency-spike)
+            rand 5 40
+            d=$((R / 10)).$((R % 10))
+            mark_down "$n" "$kind"
+            kill -USR1 "${RELAY_PID[$n]}"
+            sleep "$d"
+            kill -USR2 "${RELAY_PID[$n]}"
+            say "$kind $n ${d}s"
+            ;;
+        key-delete)
+            owned_by "$n"
+            local o
+            o=$(owner_of "$W")
+            if [ -z "$o" ]; then
+                say "$kind: $W has no owner; nothing deleted"
+            else
+                mark_down "$o" "$kind"
+                etcdctl del "/berth/owners/$W" >/dev/null
+                say "$kind $W (owned by $o)"
+            fi
+            ;;
+        manual-drain)
+            owned_by "$n"
+            rand 0 15
+            d=$((R / 10)).$((R % 10))
+            mark_down "$n" "$kind"
+            drain_by_hand "$n" "$d"
+            back_in_service "$n"
+            say "$kind $n, a start of $W ${d}s after it began"
+            ;;
+        failed-start)
+            rand 2 8
+            d=$R
+            local p began
+            began=$(date +%s.%N)
+            mark_down "$n" "$kind"
+            for p in "${NODES[@]}"; do
+                [ "$p" != "$n" ] || continue
+                on "$p" touch /run/berth-test-fail-start
+                mark_down "$p" "$kind"
+            done
+            drain_by_hand "$n"
+            sleep "$(python3 -c "print(max(0.0, $d - ($(date +%s.%N) - $began)))")"
+            for p in "${NODES[@]}"; do on "$p" rm -f /run/berth-test-fail-start || true; done
+            back_in_service "$n"
+            say "$kind: starts failed on every node but $n for ${d}s, $n drained"
+            ;;
         *) die "no fault $kind" ;;
     esac
 }
@@ -347,7 +439,7 @@ long_stall() {
 }
 
 KINDS=(daemon-kill daemon-stop-within-grace daemon-stop-past-grace partition relay-kill etcd-restart
-    poweroff-boot root-kill-boot root-freeze)
+    poweroff-boot root-kill-boot root-freeze latency-spike key-delete manual-drain failed-start)
 say "seed $SEED, $FAULTS faults (SOAK_SEED=$SEED SOAK_FAULTS=$FAULTS repeats this run)"
 all_owned() {
     local w
@@ -406,6 +498,9 @@ check "the stalled-host window was measured: $(count stalled_window_s) s (the fe
 check_eq "... and it ended with the stalled host's copy stopped, never the peer's" 0 "$(count stale_copies_survived)"
 check_eq "no HA workload ran nowhere past lease + stop bound + grace ($UNOWNED_BOUND s) while a candidate was up (narrower rule: $(count unowned_past_bound))" \
     0 "$(count unowned_past_bound_any_candidate)"
+check_eq "no HA workload owned by a healthy node on its live lease went unstarted there past the reconcile period and a start (longest $(count owned_not_running_longest_s) s, from $(count owner_samples) owner samples)" \
+    0 "$(count owned_not_running)"
+check "... and the owner keys were sampled" python3 -c "import sys; sys.exit(not $(count owner_samples) > 0)"
 check_eq "no workload stopped because a daemon restarted" 0 "$(count stops_by_daemon_restart)"
 check_eq "no HA workload stopped without a fault of its node" 0 "$(count ha_stops_without_a_fault)"
 check_eq "the non-HA workload stopped only with its root" 0 "$(count non_ha_stops)"

@@ -10,11 +10,14 @@ cannot answer): SOAK_DIR/nodes.json maps a node to its root's cgroup on
 the unified hierarchy and lists the workloads. Every 0.2 s it appends one
 line to SOAK_DIR/samples.log:
 
-  TIME frozen=n1 ha1=n1 ha2=n2,n3 web=n1,n2,n3
+  TIME frozen=n1 ha1=n1 ha2=n2,n3 web=n1,n2,n3 owners=ha1:n1,ha2:n3~
 
 each workload followed by the nodes where its unit's cgroup is populated,
-`frozen=` the roots whose cgroup is frozen. It stops when SOAK_DIR/stop
-appears.
+`frozen=` the roots whose cgroup is frozen, `owners=` each HA workload's
+owner key as etcd has it (read through its JSON gateway, nodes.json's
+`etcd`): the node it names, with `~` when the key is not on that node's
+live lease (its presence's); `owners=?` when etcd did not answer within
+0.15 s. It stops when SOAK_DIR/stop appears.
 
 `report` reads samples.log and SOAK_DIR/faults.log, which the driver
 writes (TIME EVENT ARGS...):
@@ -26,18 +29,25 @@ writes (TIME EVENT ARGS...):
   stall-thaw NODE      the long freeze of NODE ended
   drain NODE FILE      NODE's drain report, copied to FILE
   drain-missing NODE   NODE powered off without a report of that boot
+  (a `down` of kind failed-start: the node's HA starts fail until its
+   `up`; its reconcile may wait one more backoff step, as long again)
   unsettled NODE       NODE did not become healthy in time
   end                  the last fault is over (the samples must reach it)
 
 and writes the counts to SOAK_DIR/counts.json; the driver's checks judge
 them. A copy runs when its cgroup is populated and its root is not frozen.
 """
+import base64
 import json
 import os
 import sys
 import time
+import urllib.request
 
 INTERVAL = 0.2
+# Owned here but not running: the reconcile's period (2 s) and a start
+# (owner-check's transaction, the workload's READY) may pass first.
+OWNED_NOT_RUNNING_ALLOW_S = 5.0
 
 
 def populated(path):
@@ -70,10 +80,49 @@ def find_slice(root):
     return None
 
 
+def etcd_range(url, prefix):
+    """The keys under `prefix` as {key: (value, lease)}; raises on no answer."""
+    def b64(text):
+        return base64.b64encode(text.encode()).decode()
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": b64(prefix), "range_end": b64(end)}).encode()
+    req = urllib.request.Request(url + "/v3/kv/range", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=0.15) as r:
+        reply = json.load(r)
+    out = {}
+    for kv in reply.get("kvs", []):
+        key = base64.b64decode(kv["key"]).decode(errors="replace")
+        value = base64.b64decode(kv.get("value", "")).decode(errors="replace")
+        out[key] = (value, int(kv.get("lease", 0)))
+    return out
+
+
+def owners_field(url, ha):
+    """`ha1:n1,ha2:n3~` (see the module's text), or `?`."""
+    try:
+        owners = etcd_range(url, "/berth/owners/")
+        presences = etcd_range(url, "/berth/nodes/")
+    except Exception:  # noqa: BLE001 (etcd down, slow or restarting)
+        return "?"
+    out = []
+    for w in ha:
+        got = owners.get(f"/berth/owners/{w}")
+        if got is None:
+            continue
+        try:
+            node = json.loads(got[0])["node"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        live = presences.get(f"/berth/nodes/{node}", (None, -1))[1]
+        out.append(f"{w}:{node}" + ("" if got[1] == live else "~"))
+    return ",".join(out)
+
+
 def watch(soak):
     with open(os.path.join(soak, "nodes.json")) as f:
         spec = json.load(f)
     nodes, workloads = spec["nodes"], spec["workloads"]
+    etcd = spec.get("etcd")
     slices = {}
     stop = os.path.join(soak, "stop")
     with open(os.path.join(soak, "samples.log"), "a", buffering=1) as out:
@@ -96,6 +145,8 @@ def watch(soak):
             line = f"{now:.3f} frozen={','.join(cold)}"
             for w in workloads:
                 line += f" {w}={','.join(where[w])}"
+            if etcd:
+                line += f" owners={owners_field(etcd, spec['ha'])}"
             out.write(line + "\n")
             time.sleep(max(0.0, INTERVAL - (time.monotonic() - began)))
 
@@ -110,14 +161,21 @@ def read_samples(soak):
             t = float(fields[0])
             cold = set()
             where = {}
+            owners = None
             for field in fields[1:]:
                 key, _, value = field.partition("=")
                 names = set(value.split(",")) if value else set()
                 if key == "frozen":
                     cold = names
+                elif key == "owners":
+                    if value != "?":
+                        owners = {}
+                        for pair in names:
+                            w, _, node = pair.partition(":")
+                            owners[w] = node
                 else:
                     where[key] = names
-            samples.append((t, cold, where))
+            samples.append((t, cold, where, owners))
     return samples
 
 
@@ -198,7 +256,7 @@ def report(soak):
         faults_at and samples[0][0] <= min(faults_at) and samples[-1][0] >= max(faults_at))
 
     def running(sample, w):
-        _, cold, where = sample
+        _, cold, where, _ = sample
         return where.get(w, set()) - cold
 
     # Double runs: episodes with an HA workload running on two nodes.
@@ -304,7 +362,8 @@ def report(soak):
     # fault of its node (or etcd's); a non-HA one only when its root powers
     # off or dies.
     restart_kinds = {"daemon-kill", "daemon-stop-within-grace"}
-    root_kinds = {"poweroff-boot", "root-kill-boot", "start"}
+    # What stops every workload of the node: its root going, or a drain.
+    root_kinds = {"poweroff-boot", "root-kill-boot", "start", "manual-drain", "failed-start"}
     by_restart, non_ha, unexplained = [], [], []
     for prev, cur in zip(samples, samples[1:]):
         t = cur[0]
@@ -332,6 +391,41 @@ def report(soak):
     counts["stops_by_daemon_restart"] = len(by_restart)
     counts["non_ha_stops"] = len(non_ha)
     counts["ha_stops_without_a_fault"] = len(unexplained)
+
+    # Owned but not running: an owner key on its node's live lease while
+    # that node is healthy (and no start failure was injected there, nor
+    # one backoff step after) and the workload does not run there, for
+    # longer than the reconcile period plus a start.
+    excused = {n: [] for n in nodes}
+    for n in nodes:
+        for a, b, k in labelled[n]:
+            excused[n].append((a, b + (b - a if k == "failed-start" else 0.0)))
+
+    def excused_at(n, t):
+        return any(a <= t <= b for a, b in excused.get(n, ()))
+
+    stuck, stuck_longest = 0, 0.0
+    for w in ha:
+        since, owner, flagged = None, None, False
+        for s in samples:
+            t, cold, _, owners = s
+            if owners is None:
+                continue
+            o = owners.get(w)
+            if o is None or o.endswith("~") or o in cold or excused_at(o, t) or o in running(s, w):
+                since, owner, flagged = None, None, False
+                continue
+            if since is None or owner != o:
+                since, owner, flagged = t, o, False
+            stuck_longest = max(stuck_longest, t - since)
+            if not flagged and t - since > OWNED_NOT_RUNNING_ALLOW_S:
+                stuck += 1
+                flagged = True
+                print(f"OWNED, NOT RUNNING: {w} owned by {o} since {since:.1f}, not running there "
+                      f"for more than {OWNED_NOT_RUNNING_ALLOW_S:.0f} s while it was healthy")
+    counts["owned_not_running"] = stuck
+    counts["owned_not_running_longest_s"] = round(stuck_longest, 2)
+    counts["owner_samples"] = sum(1 for s in samples if s[3] is not None)
 
     # Drains: every outcome, tallied; anything but a graceful stop (or a
     # workload that was not running) is a failure.

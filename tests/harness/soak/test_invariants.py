@@ -37,6 +37,8 @@ def run(samples, faults=(), drains=(), ha=None, nodes=None):
                     line = f"{t + 0.2 * k:.3f} frozen={cold}"
                     for w in spec["workloads"]:
                         line += f" {w}={where.get(w, '')}"
+                    if "owners" in where:
+                        line += f" owners={where['owners']}"
                     f.write(line + "\n")
                     k += 1
         lines = list(faults)
@@ -58,6 +60,50 @@ BOTH = {"db": "n1", "web": "n1,n2"}
 
 
 class Verdicts(unittest.TestCase):
+    # Owned on n2's live lease, running on n1 only: stuck on n2.
+    STUCK = {"db": "n1", "web": "n1,n2", "owners": "db:n2"}
+    OWNED = {"db": "n2", "web": "n1,n2", "owners": "db:n2"}
+
+    def test_owned_but_not_running_past_the_reconcile_and_a_start(self):
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (20, "", self.OWNED)], UP)
+        self.assertEqual(c["owned_not_running"], 1)
+        self.assertAlmostEqual(c["owned_not_running_longest_s"], 9.8, delta=0.25)
+
+    def test_owned_and_started_within_the_allowance_is_not_stuck(self):
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (14, "", self.OWNED)], UP)
+        self.assertEqual(c["owned_not_running"], 0)
+        self.assertGreater(c["owner_samples"], 0)
+
+    def test_a_key_on_a_dead_lease_or_an_unknown_owner_is_not_stuck(self):
+        stale = dict(self.STUCK, owners="db:n2~")
+        unknown = dict(self.STUCK, owners="?")
+        for mid in (stale, unknown):
+            c = run([(0, "", self.OWNED), (10, "", mid), (30, "", self.OWNED)], UP)
+            self.assertEqual(c["owned_not_running"], 0, mid)
+
+    def test_an_owner_under_a_fault_is_not_stuck(self):
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (30, "", self.OWNED)],
+                UP + ["9.0 down n2 partition", "29.0 up n2"])
+        self.assertEqual(c["owned_not_running"], 0)
+        # ... but it is once it has been up longer than the allowance.
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (30, "", self.OWNED)],
+                UP + ["9.0 down n2 partition", "12.0 up n2"])
+        self.assertEqual(c["owned_not_running"], 1)
+
+    def test_after_injected_start_failures_one_more_backoff_step_is_excused(self):
+        # Starts failed on n2 for 6 s (10 to 16): excused until 22.
+        faults = UP + ["10.0 down n2 failed-start", "16.0 up n2"]
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (22.4, "", self.OWNED)], faults)
+        self.assertEqual(c["owned_not_running"], 0)
+        c = run([(0, "", self.OWNED), (10, "", self.STUCK), (28, "", self.OWNED)], faults)
+        self.assertEqual(c["owned_not_running"], 1)
+
+    def test_a_manual_drain_may_stop_the_non_ha_workload(self):
+        for kind, want in (("manual-drain", 0), ("failed-start", 0), ("partition", 1)):
+            c = run([(0, "", BOTH), (10, "", {"db": "n1", "web": "n2"}), (12, "", BOTH)],
+                    UP + [f"9.0 down n1 {kind}", "11.0 up n1"])
+            self.assertEqual(c["non_ha_stops"], want, kind)
+
     def test_a_quiet_run_counts_nothing(self):
         c = run([(0, "", BOTH), (100, "", BOTH)], UP)
         self.assertEqual((c["double_runs"], c["unowned_past_bound"], c["stops_by_daemon_restart"],
