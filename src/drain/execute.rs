@@ -547,7 +547,7 @@ async fn stop_running<O: Ops>(
         // Never attempted gracefully: the deadline passed while it waited.
         return force_or_abandon(ops, t, None, "E_DRAIN_DEADLINE").await;
     }
-    let job = ops.stop(&t.unit).await?;
+    let mut job = ops.stop(&t.unit).await?;
     let budget = Duration::from_secs(t.stop_delay_s);
     let left = deadline - now;
     let (limit, code) = if left < budget {
@@ -555,30 +555,46 @@ async fn stop_running<O: Ops>(
     } else {
         (budget, "E_DRAIN_FORCED_OFF")
     };
-    match ops.wait(&job, Some(limit)).await {
-        Some(JobResult::Done) if t.guest.is_some() => Ok(guest_outcome(root, t)),
-        Some(JobResult::Done) => Ok((Outcome::GracefulOff, None, None)),
-        Some(r) => {
-            // The job ended without the unit going down cleanly (canceled
-            // by someone else, failed): say what systemd said.
-            let state = ops.active_state(&t.unit).await.unwrap_or_default();
-            if state.is_down() {
-                Ok((
+    let mut again = 0;
+    let mut first_end: Option<String> = None;
+    loop {
+        let within = limit.saturating_sub(now.elapsed());
+        match ops.wait(&job, Some(within)).await {
+            Some(JobResult::Done) if t.guest.is_some() => return Ok(guest_outcome(root, t)),
+            Some(JobResult::Done) => {
+                return Ok((
                     Outcome::GracefulOff,
                     None,
-                    Some(format!("stop job {r}, unit {state}")),
-                ))
-            } else {
-                Ok((
-                    Outcome::Failed,
-                    Some("E_SYSTEMD"),
-                    Some(format!("stop job {r}, unit {state}")),
-                ))
+                    first_end.map(|e| format!("{e}; stopped again")),
+                ));
             }
+            Some(r) => {
+                // The job ended without the unit going down cleanly
+                // (canceled by someone else, failed): say what systemd
+                // said.
+                let state = ops.active_state(&t.unit).await.unwrap_or_default();
+                let said = format!("stop job {r}, unit {state}");
+                if state.is_down() {
+                    return Ok((Outcome::GracefulOff, None, Some(said)));
+                }
+                // A start queued meanwhile (`systemctl start` racing the
+                // drain) replaces a stop job: the drain's stop wins, within
+                // its budget and a few tries.
+                if again < STOP_AGAIN && !within.is_zero() {
+                    again += 1;
+                    first_end.get_or_insert(said);
+                    job = ops.stop(&t.unit).await?;
+                    continue;
+                }
+                return Ok((Outcome::Failed, Some("E_SYSTEMD"), Some(said)));
+            }
+            None => return force_or_abandon(ops, t, Some(job), code).await,
         }
-        None => force_or_abandon(ops, t, Some(job), code).await,
     }
 }
+
+/// How many times a stop job that something else ended is queued again.
+const STOP_AGAIN: u32 = 3;
 
 /// Past its budget: SIGKILL and let the stop complete (ForcedOff), or, with
 /// force-off disabled, cancel the pending stop job so it cannot hold the

@@ -348,6 +348,38 @@ mod tests {
         );
     }
 
+    /// `systemctl start` racing a drain by hand replaces the drain's stop
+    /// job (canceled, the unit still up): the stop is queued again, a few
+    /// times within its budget, and the outcome follows the last one.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_job_a_racing_start_canceled_is_queued_again() {
+        let (_d, root, loaded) = setup("", &[("db", "stop_delay_s = 3")]);
+        let ops = FakeOps::default().unit("db", true, Behaviour::Takes(Duration::from_millis(500)));
+        ops.stop_cancellations
+            .borrow_mut()
+            .insert("berth@db.service".into(), 1);
+        let report = drain_now(&ops, &root, &loaded).await;
+        assert_eq!(outcomes(&report)["db"], (Outcome::GracefulOff, None));
+        let detail = report.workloads[0].detail.clone().unwrap_or_default();
+        assert!(
+            detail.contains("stop job canceled") && detail.contains("stopped again"),
+            "{detail}"
+        );
+        // A start that keeps winning: Failed after the last try, saying so.
+        let (_d, root, loaded) = setup("", &[("db", "stop_delay_s = 3")]);
+        let ops = FakeOps::default().unit("db", true, Behaviour::Takes(Duration::from_millis(500)));
+        ops.stop_cancellations
+            .borrow_mut()
+            .insert("berth@db.service".into(), 10);
+        let report = drain_now(&ops, &root, &loaded).await;
+        assert_eq!(outcomes(&report)["db"], (Outcome::Failed, Some("E_SYSTEMD")));
+        assert_eq!(
+            ops.stop_cancellations.borrow()["berth@db.service"],
+            10 - 4,
+            "one stop and three more"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_workload_that_ignores_sigterm_is_forced_at_its_stop_delay() {
         let (_d, root, loaded) = setup(

@@ -76,6 +76,9 @@ pub struct FakeOps {
     pub pending: RefCell<HashMap<String, (u32, JobType)>>,
     /// unit → how many of its next start jobs end `failed`.
     pub start_failures: RefCell<HashMap<String, u32>>,
+    /// unit → how many of its next stop jobs end `canceled` at once, the
+    /// unit still up (a start queued by someone else replaced them).
+    pub stop_cancellations: RefCell<HashMap<String, u32>>,
 }
 
 impl FakeOps {
@@ -102,20 +105,27 @@ impl FakeOps {
             Behaviour::IgnoresTerm | Behaviour::Unanswered if verb == "start" => Some(now),
             Behaviour::IgnoresTerm | Behaviour::Unanswered => None,
         };
-        let fails = verb == "start"
-            && self
-                .start_failures
+        let take_one = |counts: &RefCell<HashMap<String, u32>>| {
+            counts
                 .borrow_mut()
                 .get_mut(unit)
                 .filter(|n| **n > 0)
                 .map(|n| *n -= 1)
-                .is_some();
+                .is_some()
+        };
+        let result = if verb == "start" && take_one(&self.start_failures) {
+            Some(JobResult::Failed)
+        } else if verb == "stop" && take_one(&self.stop_cancellations) {
+            Some(JobResult::Canceled)
+        } else {
+            None
+        };
         let mut jobs = self.jobs.borrow_mut();
         jobs.push(FakeJob {
             unit: unit.into(),
             queued: now,
             done_at,
-            result: fails.then_some(JobResult::Failed),
+            result,
         });
         let id = jobs.len() as u32;
         self.verbs.borrow_mut().insert(id, verb);
