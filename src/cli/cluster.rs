@@ -163,9 +163,17 @@ pub(super) fn fence(root: &Root) -> i32 {
 
 pub(super) fn fence_watch(root: &Root) -> i32 {
     use crate::cluster::fence_watch::{LATE, Look, look};
-    if config::load(root).host.cluster.is_none() {
-        say("berth fence-watch: there is no [cluster] section in berth.toml: nothing to watch\n");
-        return 0;
+    // Waits for a valid [cluster] rather than exit: a config briefly in
+    // error must not leave the node without its backstop.
+    let mut said = false;
+    while config::load(root).host.cluster.is_none() {
+        if !said {
+            say_error(
+                "berth fence-watch: there is no valid [cluster] section in berth.toml (see berth check); looking again every 10 s",
+            );
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(10));
     }
     let runtime_dir = root.runtime_dir();
     let mut last_fence = None;
@@ -213,13 +221,28 @@ fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
         .collect();
     with_systemd(root, |sd| async move {
         // One already stopping is the fence's or the timer's stop under
-        // way (each within its bound): not stopped a second time.
-        let mut running = Vec::new();
+        // way (each within its bound): not stopped a second time. A unit
+        // the manager did not answer for is skipped, not the whole look.
+        let (mut running, mut unanswered) = (Vec::new(), Vec::new());
         for w in ha {
-            let state = sd.active_state(&w.unit_name()).await?;
-            if !state.is_down() && state != crate::systemd::ActiveState::Deactivating {
-                running.push(w);
+            match sd.active_state(&w.unit_name()).await {
+                Ok(state) if !state.is_down() && state != crate::systemd::ActiveState::Deactivating => {
+                    running.push(w)
+                }
+                Ok(_) => {}
+                Err(e) => unanswered.push(format!("{}: {e}", w.name)),
             }
+        }
+        if !unanswered.is_empty() {
+            events.warn(&format!(
+                "cluster: fence-watch: the manager did not tell the state of {}",
+                unanswered.join("; ")
+            ));
+        }
+        // The daemon may have renewed its lease since the look began (a
+        // late keep-alive answer): then nothing is stopped.
+        if fence::read_deadline(&root.runtime_dir()).is_none_or(|d| boottime() < d) {
+            return Ok(());
         }
         if running.is_empty() {
             if first {

@@ -30,6 +30,9 @@ pub struct Node {
     /// The API's shared state: `/v1/cluster` and owner events.
     pub api: Option<Arc<crate::api::Shared>>,
     pub events: Events,
+    /// When this daemon's agent began: a drain by hand that came later
+    /// keeps holding starts back across its rejoins.
+    pub started: std::time::SystemTime,
 }
 
 impl Node {
@@ -56,6 +59,7 @@ impl Node {
             lease: Arc::new(LeaseState::default()),
             api: None,
             events,
+            started: std::time::SystemTime::now(),
         }
     }
 

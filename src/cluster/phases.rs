@@ -164,8 +164,9 @@ pub async fn join(node: &Node) -> (Client, Joined) {
     // At once, not at the fence's next look: `berth owner-check` refuses
     // starts past the deadline it finds there.
     fence::write_deadline(&node.root.runtime_dir(), joined.deadline);
-    // Up again: a drain of this boot no longer holds starts back.
-    crate::state::cluster::remove_drained(&node.root.runtime_dir());
+    // A daemon started after a drain by hand puts the node back in
+    // service; a rejoin of the daemon that saw the drain does not.
+    crate::state::cluster::remove_drained_before(&node.root.runtime_dir(), node.started);
     node.events.info(&format!(
         "cluster: joined as {} at {}, lease {:x} ({}, TTL {} s){}",
         node.name,
@@ -799,6 +800,52 @@ mod tests {
             assert_eq!(
                 crate::state::cluster::read_listing_error(&node.root.runtime_dir()),
                 None
+            );
+        });
+    }
+
+    /// A relist with unequal bounds: the last owner's own bound is waited,
+    /// whatever this candidate's unit would give.
+    #[test]
+    fn a_candidate_that_did_not_see_the_key_go_waits_the_last_owners_bound() {
+        on_etcd(|url| async move {
+            let (_dir, node) = n1(&url, "");
+            // n1's own bound for db is 6 s (TimeoutStopSec=1 s + 5 s);
+            // n2, db's last owner, declared 12 s, and its key went while
+            // n1 was not watching (a restarted daemon lists afresh).
+            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+            ops.topologies.borrow_mut().insert(
+                "berth@db.service".into(),
+                crate::systemd::UnitTopology {
+                    timeout_stop_us: 1_000_000,
+                    ..Default::default()
+                },
+            );
+            let mut c = client(&url).await;
+            let last = crate::cluster::keys::LastOwner {
+                node: "n2".into(),
+                boot_id: "b".into(),
+                stop_bound_s: 12,
+            };
+            c.put(
+                node.keys.last_owner("db"),
+                serde_json::to_string(&last).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+            let _leaving = start(&node, &ops);
+            joined(&node).await;
+            let listed = Instant::now();
+            let started = until(20 * SEC, "db is started", || {
+                let done = did(&ops, "start", listed).then(|| ops.span("db", "start").0);
+                async move { done }
+            })
+            .await;
+            let waited = started.saturating_duration_since(listed);
+            assert!(
+                waited >= 10 * SEC,
+                "n2's 12 s bound is waited, not n1's own 6 s: {waited:?}"
             );
         });
     }

@@ -11,7 +11,7 @@ use super::layout::{Layout, generated_files, packaged_unit, planned_files, user_
 use super::steps::{UNIT_WAIT, is_enabled, retrying, stop_and_wait, verify};
 use super::{Error, Report, Step, fail};
 use crate::config;
-use crate::names::{AUTOSTART, DAEMON, TARGET};
+use crate::names::{AUTOSTART, DAEMON, FENCE_WATCH, TARGET};
 use crate::paths::{Manager, Root};
 use crate::state::manifest::{self, InstalledFile, Manifest, Source};
 use crate::systemd::{ActiveState, JobResult, Ops, Systemd};
@@ -297,7 +297,7 @@ pub async fn uninstall(root: &Root, purge: bool) -> Result<Report, Error> {
     // and stopping it would drain. Stopping these touches no workload. Left
     // alone when the target already ran before install and no file goes.
     if manifest.started_target || !manifest.files.is_empty() {
-        for unit in [DAEMON, AUTOSTART, TARGET] {
+        for unit in [DAEMON, FENCE_WATCH, AUTOSTART, TARGET] {
             if stop_and_wait(&sd, &mut report, unit, Step::Stop).await? {
                 report.say(format!("stopped {unit}"));
             }

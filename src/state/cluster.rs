@@ -143,9 +143,16 @@ pub fn write_drained(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
     atomic::write_json(&drained_path(runtime_dir), boot_id.as_bytes())
 }
 
-/// The daemon joined again: the node takes and starts HA workloads.
-pub fn remove_drained(runtime_dir: &Path) {
-    let _ = std::fs::remove_file(drained_path(runtime_dir));
+/// A daemon started at `started` joined: a drain that began before it
+/// no longer holds starts back (one that began later still does).
+pub fn remove_drained_before(runtime_dir: &Path, started: std::time::SystemTime) {
+    let path = drained_path(runtime_dir);
+    if std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|written| written < started)
+    {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 pub fn listing_error_path(runtime_dir: &Path) -> PathBuf {
@@ -258,7 +265,11 @@ mod tests {
         assert_eq!(read_drained(d).as_deref(), Some("boot-a"));
         std::fs::write(drained_path(d), "b".repeat(1 << 20)).unwrap();
         assert_eq!(read_drained(d).map(|t| t.len()), Some(256));
-        remove_drained(d);
+        // Written after this daemon started: kept; before: removed.
+        let before = std::time::SystemTime::now() - Duration::from_secs(60);
+        remove_drained_before(d, before);
+        assert!(read_drained(d).is_some());
+        remove_drained_before(d, std::time::SystemTime::now() + Duration::from_secs(1));
         assert_eq!(read_drained(d), None);
     }
 }
