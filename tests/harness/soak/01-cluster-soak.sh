@@ -226,6 +226,18 @@ owned_by() {
         [ "$(owner_of "$w")" != "$1" ] || { W=$w; return; }
     done
 }
+# an_owner NODE: NODE when it owns an HA workload, else the owner of one
+# (NODE when nobody owns any); in T, what it owns in W.
+an_owner() {
+    local w o
+    T=$1
+    owned_by "$T"
+    [ "$(owner_of "$W")" != "$T" ] || return 0
+    for w in "${HA[@]}"; do
+        o=$(owner_of "$w")
+        [ -z "$o" ] || { T=$o; W=$w; return 0; }
+    done
+}
 # drain_by_hand NODE [RACE]: `berth drain` on NODE; with RACE, a start of
 # W on NODE RACE seconds after the drain began. Then the node back in
 # service, as an admin would: its daemon restarted (a drained presence
@@ -376,7 +388,8 @@ fault() {
             fi
             ;;
         manual-drain)
-            owned_by "$n"
+            an_owner "$n"
+            n=$T
             rand 0 15
             d=$((R / 10)).$((R % 10))
             mark_down "$n" "$kind"
@@ -385,6 +398,8 @@ fault() {
             say "$kind $n, a start of $W ${d}s after it began"
             ;;
         failed-start)
+            an_owner "$n"
+            n=$T
             rand 2 8
             d=$R
             local p began
@@ -393,11 +408,13 @@ fault() {
             for p in "${NODES[@]}"; do
                 [ "$p" != "$n" ] || continue
                 on "$p" touch /run/berth-test-fail-start
-                mark_down "$p" "$kind"
+                # Not a root fault: nothing of the peer may stop.
+                mark_down "$p" start-failures
             done
             drain_by_hand "$n"
             sleep "$(python3 -c "print(max(0.0, $d - ($(date +%s.%N) - $began)))")"
             for p in "${NODES[@]}"; do on "$p" rm -f /run/berth-test-fail-start || true; done
+            d=$(python3 -c "print(round($(date +%s.%N) - $began, 1))")
             back_in_service "$n"
             say "$kind: starts failed on every node but $n for ${d}s, $n drained"
             ;;

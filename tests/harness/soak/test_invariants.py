@@ -92,14 +92,14 @@ class Verdicts(unittest.TestCase):
 
     def test_after_injected_start_failures_one_more_backoff_step_is_excused(self):
         # Starts failed on n2 for 6 s (10 to 16): excused until 22.
-        faults = UP + ["10.0 down n2 failed-start", "16.0 up n2"]
+        faults = UP + ["10.0 down n2 start-failures", "16.0 up n2"]
         c = run([(0, "", self.OWNED), (10, "", self.STUCK), (22.4, "", self.OWNED)], faults)
         self.assertEqual(c["owned_not_running"], 0)
         c = run([(0, "", self.OWNED), (10, "", self.STUCK), (28, "", self.OWNED)], faults)
         self.assertEqual(c["owned_not_running"], 1)
 
     def test_a_manual_drain_may_stop_the_non_ha_workload(self):
-        for kind, want in (("manual-drain", 0), ("failed-start", 0), ("partition", 1)):
+        for kind, want in (("manual-drain", 0), ("failed-start", 0), ("start-failures", 1), ("partition", 1)):
             c = run([(0, "", BOTH), (10, "", {"db": "n1", "web": "n2"}), (12, "", BOTH)],
                     UP + [f"9.0 down n1 {kind}", "11.0 up n1"])
             self.assertEqual(c["non_ha_stops"], want, kind)
