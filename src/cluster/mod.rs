@@ -30,6 +30,8 @@
 //! - [`rejoin`]: after a boot, nothing is taken until every missing peer
 //!   is heard or the rejoin grace passes (then the node freezes).
 //! - [`adoption`]: cluster and object freezes become this node's.
+//! - [`watchdog`]: when a hardware watchdog may be petted (pure): only
+//!   while no HA workload can outlive the lease here.
 //! - [`view`]: peers, states, lease ages, owners and the fence deadline,
 //!   for `berth status`, `berth list` and `/v1/cluster`.
 
@@ -53,6 +55,7 @@ pub mod release;
 pub mod session;
 pub mod take;
 pub mod view;
+pub mod watchdog;
 
 pub use agent::{Agent, start_agent};
 pub use node::node_name;
