@@ -143,14 +143,19 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
     }
 }
 
-pub(super) fn fence(root: &Root) -> i32 {
-    let (loaded, events) = helper_context(root);
-    let ha: Vec<config::Workload> = loaded
+/// The HA workloads of `loaded`: what a fence stops.
+fn ha_workloads(loaded: &config::Loaded) -> Vec<config::Workload> {
+    loaded
         .workloads
         .iter()
         .filter(|w| w.ha.is_some())
         .cloned()
-        .collect();
+        .collect()
+}
+
+pub(super) fn fence(root: &Root) -> i32 {
+    let (loaded, events) = helper_context(root);
+    let ha = ha_workloads(&loaded);
     let ran = with_systemd(root, |sd| async move {
         fence::fence_now(&sd, root, &ha, &events, false).await;
         Ok(())
@@ -211,14 +216,8 @@ pub(super) fn fence_watch(root: &Root) -> i32 {
 fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
     // The daemon reports the configuration's errors; this says only what
     // it does.
-    let loaded = config::load(root);
+    let ha = ha_workloads(&config::load(root));
     let events = crate::events::Events::new("berth");
-    let ha: Vec<config::Workload> = loaded
-        .workloads
-        .iter()
-        .filter(|w| w.ha.is_some())
-        .cloned()
-        .collect();
     with_systemd(root, |sd| async move {
         // One already stopping is the fence's or the timer's stop under
         // way (each within its bound): not stopped a second time. A unit
