@@ -804,6 +804,20 @@ mod tests {
         });
     }
 
+    /// db, down, whose unit's TimeoutStopSec= is `timeout_stop_us`: its
+    /// stop bound here is that plus 5 s.
+    fn db_stopping_within(timeout_stop_us: u64) -> Rc<FakeOps> {
+        let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
+        ops.topologies.borrow_mut().insert(
+            "berth@db.service".into(),
+            crate::systemd::UnitTopology {
+                timeout_stop_us,
+                ..Default::default()
+            },
+        );
+        ops
+    }
+
     /// A relist with unequal bounds: the last owner's own bound is waited,
     /// whatever this candidate's unit would give.
     #[test]
@@ -813,14 +827,7 @@ mod tests {
             // n1's own bound for db is 6 s (TimeoutStopSec=1 s + 5 s);
             // n2, db's last owner, declared 12 s, and its key went while
             // n1 was not watching (a restarted daemon lists afresh).
-            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
-            ops.topologies.borrow_mut().insert(
-                "berth@db.service".into(),
-                crate::systemd::UnitTopology {
-                    timeout_stop_us: 1_000_000,
-                    ..Default::default()
-                },
-            );
+            let ops = db_stopping_within(1_000_000);
             let mut c = client(&url).await;
             let last = crate::cluster::keys::LastOwner {
                 node: "n2".into(),
@@ -857,14 +864,7 @@ mod tests {
     fn a_workload_nobody_ever_owned_is_taken_without_the_stop_bound() {
         on_etcd(|url| async move {
             let (_dir, node) = n1(&url, "");
-            let ops = Rc::new(FakeOps::default().unit("db", false, Behaviour::Takes(Duration::ZERO)));
-            ops.topologies.borrow_mut().insert(
-                "berth@db.service".into(),
-                crate::systemd::UnitTopology {
-                    timeout_stop_us: 30_000_000,
-                    ..Default::default()
-                },
-            );
+            let ops = db_stopping_within(30_000_000);
             let began = Instant::now();
             let _leaving = start(&node, &ops);
             joined(&node).await;
