@@ -32,6 +32,7 @@ fn settings(url: &str, ttl: u64) -> ClusterSettings {
         maintenance_grace_period_s: 60,
         rejoin_grace_period_s: 90,
         tls: None,
+        watchdog: None,
     }
 }
 

@@ -95,6 +95,11 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
             "maintenance_grace_period_s": c.maintenance_grace_period_s,
             "rejoin_grace_period_s": c.rejoin_grace_period_s,
             "tls": c.tls.is_some(),
+            "watchdog": c.watchdog.as_ref().map(|w| serde_json::json!({
+                "device": w.device,
+                "timeout_s": w.timeout_s,
+                "takeover_wait_s": crate::cluster::watchdog::takeover_wait_s(u64::MAX, Some(w.timeout_s)),
+            })),
         })),
     })
 }
@@ -270,6 +275,20 @@ pub fn check_report(loaded: &Loaded) -> String {
             c.rejoin_grace_period_s,
             if c.tls.is_some() { ", TLS" } else { "" }
         ));
+        out.push_str(&match &c.watchdog {
+            Some(w) => format!(
+                "cluster: watchdog {} (timeout {} s), held by berth-fence-watch.service: a peer takes an HA workload of this \
+                 node {} s after its lease ended (the timeout + {} s), or after the workload's stop bound when that is \
+                 shorter; no HA workload starts here while the watchdog is not held\n",
+                w.device.display(),
+                w.timeout_s,
+                w.timeout_s + crate::cluster::watchdog::MARGIN.as_secs(),
+                crate::cluster::watchdog::MARGIN.as_secs()
+            ),
+            None => "cluster: no watchdog: a peer takes an HA workload of this node once its lease ended and then \
+                     the workload's stop bound passed ((ExecStop= commands + 1) x TimeoutStopSec= + 5 s)\n"
+                .to_string(),
+        });
     }
     if loaded.workloads.is_empty() {
         out.push_str("no workloads\n");

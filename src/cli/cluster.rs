@@ -5,9 +5,8 @@
 //! - `berth fence-arm`: ExecStopPost= of berth-daemon in cluster mode:
 //!   arms `berth-fence.timer` at the lease deadline the daemon last saw.
 //! - `berth fence`: what that timer starts: stops the HA workloads.
-//! - `berth fence-watch`: berth-fence-watch.service, the fence's
-//!   backstop: stops the HA workloads a second past the recorded deadline
-//!   if the daemon's fence and the timer did not.
+//! - `berth fence-watch` (in fence_watch.rs): the fence's backstop, and
+//!   the watchdog's holder.
 //! - `berth cluster forget N`: N is gone for good; the rejoin grace stops
 //!   waiting for it.
 
@@ -43,6 +42,16 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
     };
     if fence::start_refused(fence::read_deadline(&root.runtime_dir()), boottime()) {
         return refuse("this node is past its fence deadline (its lease is not known to be alive)");
+    }
+    let armed = crate::state::cluster::read_armed(&root.runtime_dir());
+    if let Some(why) = crate::cluster::watchdog::start_refusal(
+        settings
+            .watchdog
+            .as_ref()
+            .map(|w| (w.device.as_path(), w.timeout_s)),
+        armed.as_ref().map(|(d, t)| (d.as_path(), *t)),
+    ) {
+        return refuse(&why);
     }
     let boot_id = match crate::state::runs::boot_id() {
         Ok(b) => b,
@@ -144,7 +153,7 @@ pub(super) fn fence_arm(root: &Root) -> i32 {
 }
 
 /// The HA workloads of `loaded`: what a fence stops.
-fn ha_workloads(loaded: &config::Loaded) -> Vec<config::Workload> {
+pub(super) fn ha_workloads(loaded: &config::Loaded) -> Vec<config::Workload> {
     loaded
         .workloads
         .iter()
@@ -164,103 +173,6 @@ pub(super) fn fence(root: &Root) -> i32 {
         Ok(()) => 0,
         Err(e) => fail("fence", &e),
     }
-}
-
-pub(super) fn fence_watch(root: &Root) -> i32 {
-    use crate::cluster::fence_watch::{LATE, Look, look};
-    // Waits for a valid [cluster] rather than exit: a config briefly in
-    // error must not leave the node without its backstop.
-    let mut said = false;
-    while config::load(root).host.cluster.is_none() {
-        if !said {
-            say_error(
-                "berth fence-watch: there is no valid [cluster] section in berth.toml (see berth check); looking again every 10 s",
-            );
-            said = true;
-        }
-        std::thread::sleep(std::time::Duration::from_secs(10));
-    }
-    let runtime_dir = root.runtime_dir();
-    let mut last_fence = None;
-    loop {
-        // An upgrade replaced the binary: the new one takes over the watch
-        // (RestartForceExitStatus=75).
-        if crate::daemon::binary_replaced() {
-            say("berth fence-watch: the berth binary was replaced: relaunching (exit 75)\n");
-            return crate::daemon::EXIT_RELAUNCH;
-        }
-        let deadline = fence::read_deadline(&runtime_dir);
-        let now = boottime();
-        if deadline.is_none_or(|d| now < d + LATE) {
-            last_fence = None;
-        }
-        match look(deadline, now, last_fence) {
-            Look::Sleep(nap) => std::thread::sleep(nap),
-            Look::Fence => {
-                let first = last_fence.is_none();
-                last_fence = Some(now);
-                if let Err(e) = backstop_fence(root, first) {
-                    say_error(&format!(
-                        "berth fence-watch: the lease deadline passed, and the HA workloads cannot be stopped: {e:#} (trying again in {} s)",
-                        crate::cluster::fence_watch::AGAIN.as_secs()
-                    ));
-                }
-            }
-        }
-    }
-}
-
-/// One look of the backstop: stops the HA workloads that still run.
-/// `first`: the first look since this deadline passed, said even when
-/// nothing runs.
-fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
-    // The daemon reports the configuration's errors; this says only what
-    // it does.
-    let ha = ha_workloads(&config::load(root));
-    let events = crate::events::Events::new("berth");
-    with_systemd(root, |sd| async move {
-        // One already stopping is the fence's or the timer's stop under
-        // way (each within its bound): not stopped a second time. A unit
-        // the manager did not answer for is skipped, not the whole look.
-        let (mut running, mut unanswered) = (Vec::new(), Vec::new());
-        for w in ha {
-            match sd.active_state(&w.unit_name()).await {
-                Ok(state) if !state.is_down() && state != crate::systemd::ActiveState::Deactivating => {
-                    running.push(w)
-                }
-                Ok(_) => {}
-                Err(e) => unanswered.push(format!("{}: {e}", w.name)),
-            }
-        }
-        if !unanswered.is_empty() {
-            events.warn(&format!(
-                "cluster: fence-watch: the manager did not tell the state of {}",
-                unanswered.join("; ")
-            ));
-        }
-        // The daemon may have renewed its lease since the look began (a
-        // late keep-alive answer): then nothing is stopped.
-        if fence::read_deadline(&root.runtime_dir()).is_none_or(|d| boottime() < d) {
-            return Ok(());
-        }
-        if running.is_empty() {
-            if first {
-                events.info("cluster: fence-watch: the lease deadline passed; no HA workload runs here");
-            }
-            return Ok(());
-        }
-        events.warn(&format!(
-            "cluster: fence-watch: the lease deadline passed {} s ago and {} still run here (neither the daemon's fence nor berth-fence.timer stopped them): stopping them",
-            crate::cluster::fence_watch::LATE.as_secs(),
-            running
-                .iter()
-                .map(|w| w.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-        fence::stop_now(&sd, root, &running, &events).await;
-        Ok(())
-    })
 }
 
 pub(super) fn forget(root: &Root, node: &str) -> i32 {

@@ -10,6 +10,7 @@ mod check;
 mod cluster;
 mod daemon;
 mod drain;
+mod fence_watch;
 mod freeze;
 mod install;
 mod lifecycle;
@@ -232,7 +233,7 @@ pub fn main() -> i32 {
         Verb::OwnerCheck { name } => with_root(root, |r| cluster::owner_check(r, &name)),
         Verb::FenceArm => with_root(root, cluster::fence_arm),
         Verb::Fence => with_root(root, cluster::fence),
-        Verb::FenceWatch => with_root(root, cluster::fence_watch),
+        Verb::FenceWatch => with_root(root, fence_watch::fence_watch),
         Verb::Guest {
             domain,
             stop_delay,

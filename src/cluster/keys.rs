@@ -130,6 +130,11 @@ pub struct Presence {
     /// write nor read it.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub waiting: BTreeSet<String>,
+    /// The timeout of the hardware watchdog the node declares (`[cluster]
+    /// watchdog`): the owner keys it writes carry the shorter wait it
+    /// allows. Informative: peers wait what each owner key says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog_s: Option<u64>,
 }
 
 /// `members/N`: a node that joined the cluster, until forgotten.
@@ -223,6 +228,7 @@ mod tests {
             version: "0.1.0".into(),
             frozen: false,
             waiting: BTreeSet::new(),
+            watchdog_s: None,
         };
         let text = serde_json::to_string(&p).unwrap();
         // No `waiting` when empty: what older versions wrote.
@@ -238,6 +244,13 @@ mod tests {
         let text = serde_json::to_string(&waiting).unwrap();
         assert!(text.ends_with(r#""frozen":false,"waiting":["db"]}"#), "{text}");
         assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), waiting);
+        let watched = Presence {
+            watchdog_s: Some(10),
+            ..p.clone()
+        };
+        let text = serde_json::to_string(&watched).unwrap();
+        assert!(text.ends_with(r#""frozen":false,"watchdog_s":10}"#), "{text}");
+        assert_eq!(serde_json::from_str::<Presence>(&text).unwrap(), watched);
         // What a newer version may add is ignored, not refused: a peer's
         // presence must never become unreadable (absent) by an upgrade.
         let newer = r#"{"state":"up","boot_id":"b","since":"T","future":1}"#;

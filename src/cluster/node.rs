@@ -71,7 +71,9 @@ impl Node {
 
     /// The node's presence in `state` from now on.
     pub fn presence(&self, state: NodeState) -> Presence {
-        super::presence::presence(state, &self.boot_id, self.ha.clone(), self.frozen_now())
+        let mut p = super::presence::presence(state, &self.boot_id, self.ha.clone(), self.frozen_now());
+        p.watchdog_s = self.settings.watchdog.as_ref().map(|w| w.timeout_s);
+        p
     }
 
     /// The HA workload called `name`.

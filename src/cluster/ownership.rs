@@ -304,6 +304,7 @@ mod tests {
             version: String::new(),
             frozen: false,
             waiting: BTreeSet::new(),
+            watchdog_s: None,
         })
         .unwrap()
     }

@@ -86,6 +86,7 @@ mod tests {
             version: String::new(),
             frozen,
             waiting: Default::default(),
+            watchdog_s: None,
         }
     }
 

@@ -105,6 +105,7 @@ pub fn presence(state: NodeState, boot_id: &str, ha: BTreeMap<String, String>, f
         version: env!("CARGO_PKG_VERSION").to_string(),
         frozen,
         waiting: BTreeSet::new(),
+        watchdog_s: None,
     }
 }
 

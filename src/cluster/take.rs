@@ -52,7 +52,11 @@ async fn locals<O: Ops>(ops: &O, node: &Node) -> Vec<Local> {
         let bound = match ops.topology(&w.unit_name()).await {
             Ok(t) => {
                 let timeout = (t.timeout_stop_us != u64::MAX).then(|| t.timeout_stop_us.div_ceil(1_000_000));
-                super::keys::stop_bound_s(t.exec_stop.len(), timeout)
+                // With a watchdog peers wait its timeout rather than the
+                // stop, when that is shorter.
+                super::keys::stop_bound_s(t.exec_stop.len(), timeout).map(|b| {
+                    super::watchdog::takeover_wait_s(b, node.settings.watchdog.as_ref().map(|w| w.timeout_s))
+                })
             }
             Err(e) => {
                 node.events.warn(&format!(

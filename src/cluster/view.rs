@@ -74,6 +74,9 @@ pub struct Peer {
     /// Whether it has a `members/` key (it outlives the node).
     pub member: bool,
     pub last_state: Option<String>,
+    /// The timeout of the hardware watchdog it declares, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -84,6 +87,9 @@ pub struct OwnerRow {
     pub lease: String,
     pub stop_bound_s: Option<u64>,
     pub since: Option<String>,
+    /// The wait is its owner's watchdog timeout and margin, not its
+    /// unit's stop bound.
+    pub watchdog_wait: bool,
 }
 
 /// One key as read: name under its directory, value, lease.
@@ -117,6 +123,7 @@ pub fn assemble(
         frozen: false,
         member: false,
         last_state: None,
+        watchdog_s: None,
     };
     let mut owners = Vec::new();
     let last_states = keys.last_state("");
@@ -134,6 +141,7 @@ pub fn assemble(
                     p.boot_id = Some(presence.boot_id);
                     p.ha = presence.ha.into_keys().collect();
                     p.frozen = presence.frozen;
+                    p.watchdog_s = presence.watchdog_s;
                 }
                 Err(_) => p.state = "unreadable".into(),
             }
@@ -151,8 +159,18 @@ pub fn assemble(
                 lease: format!("{:x}", r.lease),
                 stop_bound_s: owner.as_ref().map(|o| o.stop_bound_s),
                 since: owner.map(|o| o.since),
+                watchdog_wait: false,
             });
         }
+    }
+    for o in &mut owners {
+        let declared = o
+            .node
+            .as_ref()
+            .and_then(|n| peers.get(n))
+            .and_then(|p| p.watchdog_s);
+        o.watchdog_wait = matches!((declared, o.stop_bound_s),
+            (Some(t), Some(b)) if b <= super::watchdog::takeover_wait_s(u64::MAX, Some(t)));
     }
     ClusterView {
         node: node.to_string(),
@@ -308,6 +326,9 @@ pub fn text(v: &ClusterView) -> String {
         if p.frozen {
             out.push_str(", frozen");
         }
+        if let Some(t) = p.watchdog_s {
+            out.push_str(&format!(", watchdog {t} s"));
+        }
         if !p.ha.is_empty() {
             let ha: Vec<String> = p.ha.iter().map(|h| e(h)).collect();
             out.push_str(&format!(", HA: {}", ha.join(" ")));
@@ -321,10 +342,18 @@ pub fn text(v: &ClusterView) -> String {
     for o in &v.owners {
         match (&o.node, o.stop_bound_s) {
             (Some(n), Some(b)) => out.push_str(&format!(
-                "  owner of {}: {} (lease {}, stop bound {b} s, since {})\n",
+                "  owner of {}: {} (lease {}, {}, since {})\n",
                 e(&o.workload),
                 e(n),
                 o.lease,
+                if o.watchdog_wait {
+                    format!(
+                        "takeover wait {b} s: its watchdog's timeout + {} s",
+                        super::watchdog::MARGIN.as_secs()
+                    )
+                } else {
+                    format!("stop bound {b} s")
+                },
                 e(o.since.as_deref().unwrap_or("?"))
             )),
             _ => out.push_str(&format!(
@@ -518,5 +547,41 @@ mod tests {
             assert!(text.contains(line), "{line:?} not in\n{text}");
         }
         assert!(!text.contains('\x1b'), "no terminal control from a value");
+    }
+
+    /// An owner whose node declares a watchdog: its key's wait is the
+    /// watchdog's when it is no longer than the timeout and the margin.
+    #[test]
+    fn a_watchdog_wait_is_told_from_a_stop_bound() {
+        let keys = Keys::new("/berth/");
+        let up = br#"{"state":"up","boot_id":"b1","since":"T","ha":{"db":"h","q":"h"},"frozen":false,"watchdog_s":10}"#;
+        let listing = [
+            Read {
+                key: "/berth/nodes/n1",
+                value: up,
+                lease: 0x10,
+            },
+            Read {
+                key: "/berth/owners/db",
+                value: br#"{"node":"n1","stop_bound_s":13,"since":"T0"}"#,
+                lease: 0x10,
+            },
+            // Taken before the watchdog was configured.
+            Read {
+                key: "/berth/owners/q",
+                value: br#"{"node":"n1","stop_bound_s":38,"since":"T0"}"#,
+                lease: 0x10,
+            },
+        ];
+        let v = assemble(&keys, "n1", 1, &listing, &BTreeMap::new(), None, "T1".into());
+        assert_eq!(v.peers[0].watchdog_s, Some(10));
+        let text = text(&v);
+        for line in [
+            "  node n1: up, lease 10 (TTL unknown), watchdog 10 s, HA: db q\n",
+            "  owner of db: n1 (lease 10, takeover wait 13 s: its watchdog's timeout + 3 s, since T0)\n",
+            "  owner of q: n1 (lease 10, stop bound 38 s, since T0)\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
     }
 }

@@ -23,6 +23,34 @@ pub struct ClusterSettings {
     pub maintenance_grace_period_s: u64,
     pub rejoin_grace_period_s: u64,
     pub tls: Option<Tls>,
+    /// A hardware watchdog berth-fence-watch holds (sbd-style): peers then
+    /// wait its timeout, not the stop bound, after this node's lease.
+    pub watchdog: Option<Watchdog>,
+}
+
+/// `watchdog = "/dev/watchdogN"` and `watchdog_timeout_s`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watchdog {
+    pub device: PathBuf,
+    pub timeout_s: u64,
+}
+
+pub const DEFAULT_WATCHDOG_TIMEOUT_S: u64 = 10;
+/// Below 5 s a busy host could miss a pet (they come every quarter of
+/// the timeout); above 255 s many devices cannot count.
+pub const MIN_WATCHDOG_TIMEOUT_S: u64 = 5;
+pub const MAX_WATCHDOG_TIMEOUT_S: u64 = 255;
+
+/// Only the kernel's watchdog nodes: the path also lands in unit text
+/// (DeviceAllow=), so nothing else gets that far.
+pub fn check_watchdog_device(path: &str) -> Result<(), String> {
+    let n = path
+        .strip_prefix("/dev/watchdog")
+        .ok_or("must be a watchdog device, /dev/watchdog or /dev/watchdogN")?;
+    if n.len() > 3 || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("must be a watchdog device, /dev/watchdog or /dev/watchdogN (N at most 3 digits)".into());
+    }
+    Ok(())
 }
 
 /// TLS towards etcd: the CA that signed its certificate, and a client
@@ -118,6 +146,8 @@ pub(super) const CLUSTER_KEYS: &[&str] = &[
     "tls_ca",
     "tls_cert",
     "tls_key",
+    "watchdog",
+    "watchdog_timeout_s",
 ];
 
 /// Reads `[cluster]`; None when it has errors (they go to `errors`: a
@@ -222,6 +252,28 @@ pub(super) fn read(table: &Table, origin: &Origin, errors: &mut Vec<ConfigError>
             "is set, but the endpoints are http://: use https:// URLs for TLS",
         );
     }
+    let device = r.opt_text("watchdog");
+    if let Some(d) = &device
+        && let Err(why) = check_watchdog_device(d)
+    {
+        r.error("watchdog", format!("{:?} {why}", d.escape_debug().to_string()));
+    }
+    let timeout_s = r.int(
+        "watchdog_timeout_s",
+        DEFAULT_WATCHDOG_TIMEOUT_S as i64,
+        MIN_WATCHDOG_TIMEOUT_S as i64,
+        MAX_WATCHDOG_TIMEOUT_S as i64,
+    ) as u64;
+    if device.is_none() && table.contains_key("watchdog_timeout_s") {
+        r.error(
+            "watchdog_timeout_s",
+            "is set, but there is no watchdog = \"/dev/watchdogN\" for it",
+        );
+    }
+    let watchdog = device.map(|d| Watchdog {
+        device: PathBuf::from(d),
+        timeout_s,
+    });
     let mut own = r.finish(CLUSTER_KEYS);
     let clean = own.is_empty();
     errors.append(&mut own);
@@ -233,6 +285,7 @@ pub(super) fn read(table: &Table, origin: &Origin, errors: &mut Vec<ConfigError>
         maintenance_grace_period_s,
         rejoin_grace_period_s,
         tls,
+        watchdog,
     })
 }
 
@@ -249,6 +302,26 @@ mod tests {
             maintenance_grace_period_s: 60,
             rejoin_grace_period_s: 90,
             tls: None,
+            watchdog: None,
+        }
+    }
+
+    #[test]
+    fn watchdog_devices() {
+        for ok in ["/dev/watchdog", "/dev/watchdog0", "/dev/watchdog123"] {
+            assert_eq!(check_watchdog_device(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "/dev/watchdog1234",
+            "/dev/watchdog0 ",
+            "/dev/watchdog/../sda",
+            "/dev/sda",
+            "dev/watchdog0",
+            "/dev/watchdogx",
+            "/dev/watchdog0\n",
+        ] {
+            assert!(check_watchdog_device(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -16,7 +16,7 @@ mod source;
 mod workload;
 
 pub use crate::names::{is_valid_workload_name, unit_name};
-pub use cluster::ClusterSettings;
+pub use cluster::{ClusterSettings, Watchdog};
 pub use error::{ConfigError, is_representable, shown_path};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};

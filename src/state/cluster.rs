@@ -18,6 +18,9 @@
 //!   and presences failed, while it does (for `berth status`).
 //! - `cluster-drained`: the boot id in which `berth drain` began here;
 //!   `owner-check` refuses every start until the daemon joins again.
+//! - `watchdog-armed`: the watchdog device berth-fence-watch holds and
+//!   its timeout; `owner-check` starts no HA workload without it when
+//!   `[cluster] watchdog` is set.
 //! - `cluster-ran.json`: for each HA workload owned here, the ownership
 //!   (its key's create revision) in which it has run, so that a restarted
 //!   daemon does not start again what ran and was stopped since.
@@ -155,6 +158,36 @@ pub fn remove_drained_before(runtime_dir: &Path, started: std::time::SystemTime)
     }
 }
 
+pub fn armed_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("watchdog-armed")
+}
+
+/// The watchdog held here, as `berth fence-watch` wrote it: its device
+/// and timeout.
+pub fn read_armed(runtime_dir: &Path) -> Option<(PathBuf, u64)> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(armed_path(runtime_dir))
+        .ok()?
+        .take(4200)
+        .read_to_string(&mut text)
+        .ok()?;
+    let (device, timeout) = text.trim_end().rsplit_once(' ')?;
+    Some((PathBuf::from(device), timeout.parse().ok()?))
+}
+
+pub fn write_armed(runtime_dir: &Path, device: &Path, timeout_s: u64) -> io::Result<()> {
+    let text = format!("{} {timeout_s}\n", device.display());
+    atomic::write_json(&armed_path(runtime_dir), text.as_bytes())
+}
+
+pub fn remove_armed(runtime_dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(armed_path(runtime_dir)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 pub fn listing_error_path(runtime_dir: &Path) -> PathBuf {
     runtime_dir.join("cluster-listing-error")
 }
@@ -238,6 +271,14 @@ mod tests {
         assert_eq!(read_fence_deadline(d), Some(Duration::from_millis(123_456)));
         write_rejoined(d, "b").unwrap();
         assert_eq!(read_rejoined(d).as_deref(), Some("b"));
+        assert_eq!(read_armed(d), None);
+        write_armed(d, Path::new("/dev/watchdog1"), 12).unwrap();
+        assert_eq!(read_armed(d), Some((PathBuf::from("/dev/watchdog1"), 12)));
+        remove_armed(d).unwrap();
+        remove_armed(d).unwrap();
+        assert_eq!(read_armed(d), None);
+        std::fs::write(armed_path(d), "/dev/watchdog1 x\n").unwrap();
+        assert_eq!(read_armed(d), None);
         assert!(read_ran(d).is_empty());
         assert_eq!(read_listing_error(d), None);
         write_listing_error(d, Some("too big"));

@@ -200,6 +200,7 @@ impl Ops for Systemd {
             fragment_path: u.fragment_path,
             source_path: u.source_path,
             wanted_by: u.wanted_by.into_iter().chain(u.required_by).collect(),
+            left_active_mono_us: u.active_exit_timestamp_monotonic,
             ..Default::default()
         };
         if unit.ends_with(".service") && t.load_state == LoadState::Loaded {

@@ -190,6 +190,8 @@ pub struct UnitProps {
     pub source_path: String,
     pub wanted_by: Vec<String>,
     pub required_by: Vec<String>,
+    /// CLOCK_MONOTONIC µs when it last left active (0: never).
+    pub active_exit_timestamp_monotonic: u64,
 }
 
 /// The Service interface's properties berth reads.

@@ -239,6 +239,9 @@ pub struct UnitTopology {
     /// Units that want or require this one (`WantedBy=`, `RequiredBy=`):
     /// what starts it besides berth.
     pub wanted_by: Vec<String>,
+    /// CLOCK_MONOTONIC µs when it last left active (0: never): when its
+    /// stop began.
+    pub left_active_mono_us: u64,
 }
 
 /// A queued job.

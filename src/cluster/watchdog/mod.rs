@@ -18,8 +18,113 @@
 //! last pet, which came before the lease's expiry: a peer that waits the
 //! expiry plus the timeout (and a margin) after the key went cannot run
 //! the workload while this host still does.
+//!
+//! - [`device`]: the device itself (the kernel's watchdog API), and a
+//!   fake for tests.
+//! - [`holder`]: the thread of `berth fence-watch` that holds it: looks,
+//!   judges, pets, and at its stop closes it only when that is safe.
+//!
+//! ```text
+//!   open + set timeout ─▶ write the armed file
+//!        │
+//!        ▼
+//!   read deadline ─▶ passed? ─ yes ─▶ ask systemd for each HA unit ─┐
+//!        ▲              │ no                                        │
+//!        │              ▼                                           ▼
+//!        │            pet ◀────────────────── Ok ──────────── verdict
+//!        │              │                                           │ Starve
+//!        └── sleep T/4 ─┴────────────── no pet (said once) ◀────────┘
+//!
+//!   SIGTERM ─▶ remove the armed file ─▶ every HA unit down? ─ yes ─▶ magic close
+//!                                              │ no
+//!                                              └─▶ exit without it: reset in ≤ T
+//! ```
+
+pub mod device;
+pub mod holder;
 
 use std::time::Duration;
+
+use crate::systemd::ActiveState;
+
+/// Beyond the lease's expiry and the watchdog's timeout, how much longer
+/// a peer waits: the device firing late (timeouts are whole seconds, an
+/// emulated one runs on a busy host's timers) and this host's clock
+/// running apart from etcd's over a lease. Measured in the guest
+/// scenario: see berth.toml(5).
+pub const MARGIN: Duration = Duration::from_secs(3);
+
+/// How long a peer waits after the owner key of a workload went before
+/// starting it: the stop bound of its unit, or with a watchdog the
+/// timeout and [`MARGIN`] when that is shorter.
+pub fn takeover_wait_s(stop_bound_s: u64, watchdog_timeout_s: Option<u64>) -> u64 {
+    match watchdog_timeout_s {
+        Some(t) => stop_bound_s.min(t + MARGIN.as_secs()),
+        None => stop_bound_s,
+    }
+}
+
+/// A unit as the verdict sees it (pure): `left_active` and `now` are
+/// CLOCK_MONOTONIC, as systemd stamps `ActiveExitTimestampMonotonic`;
+/// `processes` whether its control group still holds any. A unit that
+/// failed with processes left (they outlived the final SIGKILL: a task in
+/// uninterruptible sleep) still counts as stopping, since it left active.
+pub fn unit_of(
+    state: &ActiveState,
+    left_active: Duration,
+    now: Duration,
+    processes: bool,
+    bound: Duration,
+) -> Unit {
+    let stopping = Unit::Stopping {
+        for_: now.saturating_sub(left_active),
+        bound,
+    };
+    match state {
+        ActiveState::Deactivating => stopping,
+        s if s.is_down() && processes => stopping,
+        s if s.is_down() => Unit::Down,
+        _ => Unit::Up,
+    }
+}
+
+/// Whether `owner-check` may start an HA workload as far as the watchdog
+/// goes: with one configured, only while berth-fence-watch holds that
+/// device with that timeout (peers count on it from the owner key on).
+pub fn start_refusal(
+    configured: Option<(&std::path::Path, u64)>,
+    armed: Option<(&std::path::Path, u64)>,
+) -> Option<String> {
+    let (device, timeout_s) = configured?;
+    match armed {
+        Some(held) if held == (device, timeout_s) => None,
+        Some((d, t)) => Some(format!(
+            "berth.toml sets watchdog = {} with {timeout_s} s, but berth-fence-watch.service holds {} with {t} s: restart it to apply the change",
+            device.display(),
+            d.display()
+        )),
+        None => Some(format!(
+            "berth.toml sets watchdog = {}, and berth-fence-watch.service does not hold it (see its journal)",
+            device.display()
+        )),
+    }
+}
+
+/// At the holder's stop, after the armed file went (`owner-check`
+/// refuses every start from then on): the device may be closed without a
+/// reset only if every HA workload is down.
+pub fn may_close(ha: &[(&str, Unit)]) -> Result<(), String> {
+    let up: Vec<&str> = ha
+        .iter()
+        .filter(|(_, u)| *u != Unit::Down)
+        .map(|(n, _)| *n)
+        .collect();
+    if up.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} still run here", up.join(", ")))
+    }
+}
 
 /// How long after the deadline a workload may still be up and not yet
 /// stopping: the daemon's fence acts at the deadline, the backstop a
@@ -52,6 +157,9 @@ pub enum Starve {
         for_: Duration,
         bound: Duration,
     },
+    /// The deadline passed and systemd did not tell how the HA workloads
+    /// are: nothing proves they are going.
+    Unobserved { why: String },
 }
 
 impl std::fmt::Display for Starve {
@@ -74,6 +182,10 @@ impl std::fmt::Display for Starve {
                 "the stop of {workload} has taken {} ms, past its bound of {} s",
                 for_.as_millis(),
                 bound.as_secs()
+            ),
+            Starve::Unobserved { why } => write!(
+                f,
+                "the lease deadline passed and the HA workloads' units cannot be seen: {why}"
             ),
         }
     }
@@ -195,6 +307,61 @@ mod tests {
                 "{deadline:?} {now:?} {units:?}"
             );
         }
+    }
+
+    /// (state, left active at, processes left) → unit, at now = 100 s
+    /// with a bound of 35 s.
+    #[test]
+    fn units_as_the_verdict_sees_them() {
+        let bound = 35 * S;
+        for (state, left, processes, want) in [
+            (ActiveState::Active, Duration::ZERO, true, Unit::Up),
+            (ActiveState::Activating, Duration::ZERO, true, Unit::Up),
+            (ActiveState::Reloading, Duration::ZERO, true, Unit::Up),
+            (ActiveState::Deactivating, 90 * S, true, stopping(10 * S, bound)),
+            (ActiveState::Inactive, 90 * S, false, Unit::Down),
+            (ActiveState::Failed, 90 * S, false, Unit::Down),
+            // The final SIGKILL did not end it: still counted from the
+            // moment it left active, so it soon passes its bound.
+            (ActiveState::Failed, 50 * S, true, stopping(50 * S, bound)),
+        ] {
+            assert_eq!(
+                unit_of(&state, left, 100 * S, processes, bound),
+                want,
+                "{state:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn starts_need_the_configured_watchdog_held() {
+        use std::path::Path;
+        let w0 = Path::new("/dev/watchdog0");
+        let w1 = Path::new("/dev/watchdog1");
+        assert_eq!(start_refusal(None, None), None);
+        assert_eq!(start_refusal(None, Some((w0, 10))), None);
+        assert_eq!(start_refusal(Some((w0, 10)), Some((w0, 10))), None);
+        for armed in [None, Some((w0, 20)), Some((w1, 10))] {
+            assert!(start_refusal(Some((w0, 10)), armed).is_some(), "{armed:?}");
+        }
+    }
+
+    #[test]
+    fn takeover_waits() {
+        assert_eq!(takeover_wait_s(36, None), 36);
+        assert_eq!(takeover_wait_s(36, Some(10)), 13);
+        // Never longer than without the watchdog.
+        assert_eq!(takeover_wait_s(8, Some(10)), 8);
+    }
+
+    #[test]
+    fn the_device_is_closed_only_when_nothing_runs() {
+        assert_eq!(may_close(&[]), Ok(()));
+        assert_eq!(may_close(&[("db", Unit::Down), ("web", Unit::Down)]), Ok(()));
+        assert_eq!(
+            may_close(&[("db", Unit::Down), ("web", Unit::Up), ("q", stopping(S, S))]),
+            Err("web, q still run here".into())
+        );
     }
 
     #[test]

@@ -1,0 +1,343 @@
+//! The holder: the thread of `berth fence-watch` that keeps the watchdog
+//! device. It shares nothing with the daemon but the deadline file, and
+//! nothing with the backstop's stops but the process: a stop that blocks
+//! does not stop the petting, and a holder that stops petting (hung,
+//! frozen, killed) lets the device reset the host.
+//!
+//! [`hold`] runs against a [`World`]: the real one reads CLOCK_BOOTTIME,
+//! the deadline file and systemd; the tests' is simulated.
+
+use std::time::Duration;
+
+use super::device::Device;
+use super::{Starve, Unit, may_close, verdict};
+
+/// Each HA workload's unit, or why systemd did not tell.
+pub type Looked = Result<Vec<(String, Unit)>, String>;
+
+/// The holder's window on the host.
+pub trait World {
+    /// CLOCK_BOOTTIME.
+    fn now(&self) -> Duration;
+    /// The fence deadline the daemon last recorded.
+    fn deadline(&self) -> Option<Duration>;
+    /// Each HA workload's unit, asked of systemd within a bound.
+    fn look(&mut self) -> Looked;
+    fn sleep(&mut self, d: Duration);
+    /// The holder was asked to stop (SIGTERM).
+    fn stop_asked(&self) -> bool;
+    /// Removes the armed file: `owner-check` refuses every start from
+    /// then on.
+    fn disarm(&mut self);
+    fn info(&mut self, text: &str);
+    fn warn(&mut self, text: &str);
+}
+
+/// How [`hold`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    /// Stopped with every HA workload down: closed without a reset.
+    Closed,
+    /// The device failed: it is left counting.
+    Failed(String),
+}
+
+/// How often the device is petted: four times per timeout, so that a
+/// slow look or a late wake-up does not cost the host.
+pub fn pet_every(timeout: Duration) -> Duration {
+    (timeout / 4).max(Duration::from_millis(250))
+}
+
+/// Judges, pets, and on a stop request closes once nothing runs. Never
+/// returns while HA workloads may run here: a stop request then waits
+/// for them (the unit's stop timeout ends that wait with a reset).
+pub fn hold<D: Device, W: World>(mut device: D, margin: Duration, world: &mut W) -> End {
+    let every = pet_every(device.timeout());
+    let timeout_s = device.timeout().as_secs();
+    let mut starving: Option<Starve> = None;
+    let mut disarmed = false;
+    let mut said_held = false;
+    loop {
+        if world.stop_asked() {
+            if !disarmed {
+                world.disarm();
+                disarmed = true;
+            }
+            // Looked at after the disarm: a start that passed
+            // owner-check before it is activating, so up, here.
+            match world.look() {
+                Ok(units) => {
+                    let refs: Vec<(&str, Unit)> = units.iter().map(|(n, u)| (n.as_str(), *u)).collect();
+                    match may_close(&refs) {
+                        Ok(()) => {
+                            return match device.close_disarmed() {
+                                Ok(()) => {
+                                    world.info(
+                                        "cluster: watchdog: no HA workload runs here: closed without a reset",
+                                    );
+                                    End::Closed
+                                }
+                                Err(e) => End::Failed(format!("the magic close failed: {e}")),
+                            };
+                        }
+                        Err(why) => {
+                            if !said_held {
+                                said_held = true;
+                                world.warn(&format!(
+                                    "cluster: watchdog: asked to stop, but {why}: held until they stop; killed before that, the host resets within {timeout_s} s"
+                                ));
+                            }
+                        }
+                    }
+                }
+                Err(why) => {
+                    if !said_held {
+                        said_held = true;
+                        world.warn(&format!(
+                            "cluster: watchdog: asked to stop, but the HA workloads cannot be seen ({why}): held"
+                        ));
+                    }
+                }
+            }
+        }
+        let now = world.now();
+        let deadline = world.deadline();
+        let judged = if deadline.is_none_or(|d| now < d) {
+            Ok(())
+        } else {
+            match world.look() {
+                Ok(units) => {
+                    let refs: Vec<(&str, Unit)> = units.iter().map(|(n, u)| (n.as_str(), *u)).collect();
+                    verdict(deadline, margin, world.now(), &refs)
+                }
+                Err(why) => Err(Starve::Unobserved { why }),
+            }
+        };
+        match judged {
+            Ok(()) => {
+                if let Err(e) = device.pet() {
+                    return End::Failed(format!("petting it failed: {e}"));
+                }
+                if starving.take().is_some() {
+                    world.info(
+                        "cluster: watchdog: nothing here can outlive the lease any more: petting it again",
+                    );
+                }
+            }
+            Err(why) => {
+                // Said when the reason changes, not every look.
+                if starving.as_ref() != Some(&why) {
+                    world.warn(&format!(
+                        "cluster: watchdog: not petting it: {why}; the host resets within {timeout_s} s of the last pet unless that changes"
+                    ));
+                }
+                starving = Some(why);
+            }
+        }
+        world.sleep(every);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::super::device::{Done, Fake};
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A simulated host: a clock moved only by sleeps, a deadline, and a
+    /// script of what each HA unit is at a time.
+    struct Sim {
+        clock: Arc<Mutex<Duration>>,
+        deadline: Option<Duration>,
+        /// `units(now)`: the units, or why they cannot be seen.
+        units: Box<dyn Fn(Duration) -> Looked>,
+        stop_at: Option<Duration>,
+        disarmed_at: Option<Duration>,
+        said: Vec<String>,
+        /// Ends the test: a holder that never returns runs until then.
+        until: Duration,
+    }
+
+    impl World for Sim {
+        fn now(&self) -> Duration {
+            *self.clock.lock().unwrap()
+        }
+        fn deadline(&self) -> Option<Duration> {
+            self.deadline
+        }
+        fn look(&mut self) -> Looked {
+            (self.units)(self.now())
+        }
+        fn sleep(&mut self, d: Duration) {
+            let mut c = self.clock.lock().unwrap();
+            *c += d;
+            assert!(*c < self.until, "still held at {:?}", *c);
+        }
+        fn stop_asked(&self) -> bool {
+            self.stop_at.is_some_and(|t| self.now() >= t)
+        }
+        fn disarm(&mut self) {
+            self.disarmed_at = Some(self.now());
+        }
+        fn info(&mut self, text: &str) {
+            self.said.push(text.to_string());
+        }
+        fn warn(&mut self, text: &str) {
+            self.said.push(text.to_string());
+        }
+    }
+
+    fn sim(
+        deadline: Option<Duration>,
+        units: impl Fn(Duration) -> Result<Vec<(String, Unit)>, String> + 'static,
+    ) -> Sim {
+        Sim {
+            clock: Arc::new(Mutex::new(Duration::ZERO)),
+            deadline,
+            units: Box::new(units),
+            stop_at: None,
+            disarmed_at: None,
+            said: Vec::new(),
+            until: 600 * S,
+        }
+    }
+
+    fn fake(sim: &Sim) -> (Fake, Arc<Mutex<Vec<Done>>>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let clock = sim.clock.clone();
+        (
+            Fake {
+                timeout: 10 * S,
+                log: log.clone(),
+                clock: Box::new(move || *clock.lock().unwrap()),
+            },
+            log,
+        )
+    }
+
+    fn last_pet(log: &Mutex<Vec<Done>>) -> Option<Duration> {
+        log.lock().unwrap().iter().rev().find_map(|d| match d {
+            Done::Pet(t) => Some(*t),
+            _ => None,
+        })
+    }
+
+    /// Runs the holder until the simulated clock reaches `sim.until`
+    /// (the Sim's sleep panics there) or it returns.
+    fn run(mut sim: Sim, device: Fake) -> (Option<End>, Sim) {
+        let margin = 4 * S;
+        let end =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hold(device, margin, &mut sim))).ok();
+        (end, sim)
+    }
+
+    fn db(u: Unit) -> Looked {
+        Ok(vec![("db".to_string(), u)])
+    }
+
+    #[test]
+    fn pets_four_times_a_timeout() {
+        assert_eq!(pet_every(10 * S), 2500 * MS);
+        assert_eq!(pet_every(S), 250 * MS);
+    }
+
+    #[test]
+    fn a_live_lease_is_petted_without_asking_systemd() {
+        let mut s = sim(Some(1000 * S), |_| {
+            panic!("systemd asked while the lease is live")
+        });
+        s.until = 60 * S;
+        let (d, log) = fake(&s);
+        let (end, _) = run(s, d);
+        assert_eq!(end, None, "held to the end of the test");
+        let pets = log.lock().unwrap().len();
+        assert_eq!(pets, 24, "one pet every 2.5 s over 60 s");
+    }
+
+    /// The daemon's lease deadline passes at 20 s; db keeps running: the
+    /// last pet comes no later than the lease's expiry (deadline + margin).
+    #[test]
+    fn a_workload_that_outlives_the_lease_starves_the_device_before_its_expiry() {
+        let mut s = sim(Some(20 * S), |_| db(Unit::Up));
+        s.until = 60 * S;
+        let (d, log) = fake(&s);
+        let (end, s) = run(s, d);
+        assert_eq!(end, None);
+        let last = last_pet(&log).expect("petted while the lease lived");
+        assert!(last < 20 * S + super::super::FENCE_LATE, "last pet at {last:?}");
+        // Each reason said once, when it began.
+        assert_eq!(s.said.len(), 2, "{:?}", s.said);
+        assert!(s.said[0].contains("nothing stops db"), "{:?}", s.said);
+        assert!(s.said[1].contains("the lease has expired"), "{:?}", s.said);
+    }
+
+    /// The fence stops db within its bound: petted throughout.
+    #[test]
+    fn a_stop_within_its_bound_keeps_the_petting() {
+        let mut s = sim(Some(20 * S), |now| {
+            if now < 20 * S {
+                db(Unit::Up)
+            } else if now < 22 * S {
+                db(Unit::Stopping {
+                    for_: now - 20 * S,
+                    bound: 35 * S,
+                })
+            } else {
+                db(Unit::Down)
+            }
+        });
+        s.until = 60 * S;
+        let (d, log) = fake(&s);
+        let (_, s) = run(s, d);
+        assert!(last_pet(&log).unwrap() > 55 * S);
+        assert!(s.said.is_empty(), "{:?}", s.said);
+    }
+
+    /// systemd does not answer once the deadline passed: not petted.
+    #[test]
+    fn units_nobody_can_see_starve_the_device() {
+        let mut s = sim(Some(20 * S), |_| Err("LoadUnit timed out".into()));
+        s.until = 60 * S;
+        let (d, log) = fake(&s);
+        let (_, s) = run(s, d);
+        assert!(last_pet(&log).unwrap() < 20 * S);
+        assert!(s.said[0].contains("LoadUnit timed out"), "{:?}", s.said);
+    }
+
+    /// A stop asked with nothing running: disarmed, then closed.
+    #[test]
+    fn a_stop_with_nothing_running_closes_without_a_reset() {
+        let mut s = sim(Some(1000 * S), |_| db(Unit::Down));
+        s.stop_at = Some(10 * S);
+        let (d, log) = fake(&s);
+        let (end, s) = run(s, d);
+        assert_eq!(end, Some(End::Closed));
+        assert_eq!(s.disarmed_at, Some(10 * S));
+        assert_eq!(log.lock().unwrap().last(), Some(&Done::ClosedDisarmed));
+    }
+
+    /// A stop asked while db runs: held (and petted while the lease
+    /// lives) until db is down, then closed.
+    #[test]
+    fn a_stop_while_a_workload_runs_waits_for_it() {
+        let mut s = sim(Some(1000 * S), |now| {
+            db(if now < 30 * S { Unit::Up } else { Unit::Down })
+        });
+        s.stop_at = Some(10 * S);
+        let (d, log) = fake(&s);
+        let (end, s) = run(s, d);
+        assert_eq!(end, Some(End::Closed));
+        assert!(last_pet(&log).unwrap() >= 27 * S, "petted while held");
+        assert!(s.now() >= 30 * S);
+        assert_eq!(
+            s.said.iter().filter(|t| t.contains("held until")).count(),
+            1,
+            "{:?}",
+            s.said
+        );
+    }
+}
