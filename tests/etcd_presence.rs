@@ -210,19 +210,23 @@ fn presence_lease_resume_revoke_and_expiry() {
             .ttl();
         assert!(old_ttl <= 0, "the earlier boot's lease is revoked ({old_ttl})");
         // Keeping alive a lease etcd no longer has ends, saying so: the
-        // agent then joins again.
+        // agent then joins again. The deadline an earlier answer gave is
+        // pulled back to now, so the fence stops the HA workloads at once
+        // (a paused host wakes with its clocks, and that deadline, behind).
+        let state = Arc::new(LeaseState::default());
+        state.set_deadline(session::boottime() + Duration::from_secs(60));
         let lost = tokio::time::timeout(
             Duration::from_secs(5),
-            session::keep_alive(
-                client.clone(),
-                s.clone(),
-                first.lease_id,
-                Arc::new(LeaseState::default()),
-            ),
+            session::keep_alive(client.clone(), s.clone(), first.lease_id, state.clone()),
         )
         .await
         .expect("a lease that is gone ends the keep-alive");
         assert_eq!(lost, session::LeaseLost::Expired);
+        assert!(
+            state.deadline().is_some_and(|d| d <= session::boottime()),
+            "the fence deadline is now: {:?}",
+            state.deadline()
+        );
         let (_, lease) = value(&mut client, &keys.node("n1")).await.unwrap();
         assert_eq!(lease, after_boot.lease_id);
 

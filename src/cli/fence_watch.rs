@@ -57,7 +57,14 @@ pub(super) fn fence_watch(root: &Root) -> i32 {
             let (root, margin) = (root.clone(), settings.fence_margin());
             let spawned = std::thread::Builder::new()
                 .name("watchdog".into())
-                .spawn(move || hold_watchdog(&root, &w, margin));
+                .spawn(move || {
+                    // A holder that panicked pets nothing: the process goes
+                    // too, restarted (Restart=on-failure) to open it again.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        hold_watchdog(&root, &w, margin)
+                    }));
+                    std::process::exit(101)
+                });
             if let Err(e) = spawned {
                 say_error(&format!(
                     "berth fence-watch: cannot start the watchdog's thread: {e}"
@@ -240,9 +247,9 @@ impl World for Host {
         let ha = ha_workloads(&config::load(&self.root));
         let manager = self.root.manager();
         let held = self.systemd.take();
-        let looked = self
-            .runtime
-            .block_on(tokio::time::timeout(LOOK_BOUND, async move {
+        // The timer is made inside the runtime: made outside, it panics.
+        let looked = self.runtime.block_on(async move {
+            tokio::time::timeout(LOOK_BOUND, async move {
                 let sd = match held {
                     Some(sd) => sd,
                     None => Systemd::connect(manager).await.map_err(|e| e.to_string())?,
@@ -264,7 +271,9 @@ impl World for Host {
                     units.push((w.name.clone(), unit));
                 }
                 Ok::<_, String>((sd, units))
-            }));
+            })
+            .await
+        });
         match looked {
             Ok(Ok((sd, units))) => {
                 self.systemd = Some(sd);
@@ -353,4 +362,40 @@ fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
         fence::stop_now(&sd, root, &running, &events).await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The look at the HA units runs its bounded calls inside the
+    /// holder's runtime: it answers (an error where no systemd listens),
+    /// it does not panic.
+    #[test]
+    fn a_look_answers_without_panicking() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[cluster]\nnode = \"n1\"\nendpoints = [\"http://127.0.0.1:1\"]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            etc.join("db.toml"),
+            "exec = [\"/bin/true\"]\nha = true\nnodes = [\"n1\"]\n",
+        )
+        .unwrap();
+        let root = Root::new(dir.path());
+        assert_eq!(
+            ha_workloads(&config::load(&root)).len(),
+            1,
+            "db is an HA workload"
+        );
+        let mut host = Host::new(&root).unwrap();
+        match host.look() {
+            Ok(units) => assert_eq!(units.len(), 1, "{units:?}"),
+            Err(why) => assert!(!why.is_empty()),
+        }
+    }
 }

@@ -71,9 +71,18 @@ impl Node {
 
     /// The node's presence in `state` from now on.
     pub fn presence(&self, state: NodeState) -> Presence {
-        let mut p = super::presence::presence(state, &self.boot_id, self.ha.clone(), self.frozen_now());
-        p.watchdog_s = self.settings.watchdog.as_ref().map(|w| w.timeout_s);
-        p
+        super::presence::presence(
+            state,
+            &self.boot_id,
+            self.ha.clone(),
+            self.frozen_now(),
+            self.watchdog_s(),
+        )
+    }
+
+    /// The timeout of the watchdog this node declares, if any.
+    pub fn watchdog_s(&self) -> Option<u64> {
+        self.settings.watchdog.as_ref().map(|w| w.timeout_s)
     }
 
     /// The HA workload called `name`.

@@ -96,7 +96,13 @@ pub async fn take_lease(
 }
 
 /// A presence in `state` from now on.
-pub fn presence(state: NodeState, boot_id: &str, ha: BTreeMap<String, String>, frozen: bool) -> Presence {
+pub fn presence(
+    state: NodeState,
+    boot_id: &str,
+    ha: BTreeMap<String, String>,
+    frozen: bool,
+    watchdog_s: Option<u64>,
+) -> Presence {
     Presence {
         state,
         boot_id: boot_id.to_string(),
@@ -105,7 +111,7 @@ pub fn presence(state: NodeState, boot_id: &str, ha: BTreeMap<String, String>, f
         version: env!("CARGO_PKG_VERSION").to_string(),
         frozen,
         waiting: BTreeSet::new(),
-        watchdog_s: None,
+        watchdog_s,
     }
 }
 

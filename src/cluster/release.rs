@@ -198,6 +198,7 @@ impl Releasing {
             Arc::new(CappedDeadline {
                 deadline: self.deadline.clone(),
                 cap: self.cap,
+                runtime_dir: Some(self.node.root.runtime_dir()),
             }),
         ));
         // Unannounced, a release could hand a workload straight back to
@@ -221,7 +222,13 @@ impl Releasing {
 
     async fn announce(&self, client: &mut Client, state: NodeState, events: &Events) -> bool {
         let node = &self.node;
-        let p = presence::presence(state, &node.boot_id, node.ha.clone(), self.frozen);
+        let p = presence::presence(
+            state,
+            &node.boot_id,
+            node.ha.clone(),
+            self.frozen,
+            node.watchdog_s(),
+        );
         let done = session::within(
             CALL_TIMEOUT,
             presence::announce(client, &node.keys, &node.name, self.lease, p),

@@ -265,6 +265,10 @@ pub trait DeadlineSink: Send + Sync {
     fn progress(&self, _now: Duration) {}
     /// An acknowledgement moved the fence deadline to `deadline`.
     fn renewed(&self, deadline: Duration);
+    /// etcd answered at `now` that the lease is gone: whatever deadline
+    /// an earlier answer gave, the fence is due now. (A host that was
+    /// paused wakes with its clocks, and so that deadline, behind.)
+    fn expired(&self, now: Duration);
 }
 
 impl DeadlineSink for LeaseState {
@@ -275,6 +279,12 @@ impl DeadlineSink for LeaseState {
     fn renewed(&self, deadline: Duration) {
         self.set_deadline(deadline);
     }
+
+    fn expired(&self, now: Duration) {
+        if self.deadline().is_none_or(|d| d > now) {
+            self.set_deadline(now);
+        }
+    }
 }
 
 /// The drain's deadline (CLOCK_BOOTTIME ms): it only moves on, and never
@@ -283,12 +293,35 @@ impl DeadlineSink for LeaseState {
 pub struct CappedDeadline {
     pub deadline: Arc<AtomicU64>,
     pub cap: Option<Duration>,
+    /// The runtime directory whose deadline file follows it: the drain
+    /// keeps the lease alive once the daemon is gone, and the watchdog's
+    /// holder reads the lease's life there.
+    pub runtime_dir: Option<std::path::PathBuf>,
+}
+
+impl CappedDeadline {
+    fn written(&self) {
+        let ms = self.deadline.load(Ordering::Relaxed);
+        if let Some(dir) = &self.runtime_dir
+            && ms > 0
+        {
+            crate::state::cluster::write_fence_deadline(dir, Duration::from_millis(ms));
+        }
+    }
 }
 
 impl DeadlineSink for CappedDeadline {
     fn renewed(&self, deadline: Duration) {
         let d = self.cap.map_or(deadline, |c| deadline.min(c));
-        self.deadline.fetch_max(d.as_millis() as u64, Ordering::Relaxed);
+        let before = self.deadline.fetch_max(d.as_millis() as u64, Ordering::Relaxed);
+        if before < d.as_millis() as u64 {
+            self.written();
+        }
+    }
+
+    fn expired(&self, now: Duration) {
+        self.deadline.fetch_min(now.as_millis() as u64, Ordering::Relaxed);
+        self.written();
     }
 }
 
@@ -327,7 +360,10 @@ pub async fn keep_alive<S: DeadlineSink>(
         let (mut keeper, mut stream) = match opened {
             Ok(Ok(opened)) => opened,
             // The client's way of saying the first answer had TTL 0.
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => return LeaseLost::Expired,
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                sink.expired(boottime());
+                return LeaseLost::Expired;
+            }
             _ => {
                 tokio::time::sleep(interval).await;
                 continue;
@@ -354,7 +390,10 @@ pub async fn keep_alive<S: DeadlineSink>(
                     }
                 }
                 answer = stream.message() => match answer {
-                    Ok(Some(r)) if r.ttl() <= 0 => return LeaseLost::Expired,
+                    Ok(Some(r)) if r.ttl() <= 0 => {
+                        sink.expired(boottime());
+                        return LeaseLost::Expired;
+                    }
                     Ok(Some(r)) => {
                         answered = boottime();
                         if let Some(deadline) = clock.acknowledged(r.ttl(), margin) {
@@ -402,15 +441,27 @@ mod tests {
 
     #[test]
     fn the_drains_deadline_only_moves_on_and_never_past_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = || crate::state::cluster::read_fence_deadline(dir.path());
         let capped = CappedDeadline {
             deadline: Arc::new(AtomicU64::new(50_000)),
             cap: Some(80 * S),
+            runtime_dir: Some(dir.path().to_path_buf()),
         };
         capped.renewed(40 * S);
         assert_eq!(capped.deadline.load(Ordering::Relaxed), 50_000, "never back");
+        assert_eq!(file(), None, "nothing moved, nothing written");
         capped.renewed(60 * S);
         assert_eq!(capped.deadline.load(Ordering::Relaxed), 60_000);
+        assert_eq!(
+            file(),
+            Some(60 * S),
+            "the file follows: the watchdog's holder reads it"
+        );
         capped.renewed(90 * S);
         assert_eq!(capped.deadline.load(Ordering::Relaxed), 80_000, "capped");
+        assert_eq!(file(), Some(80 * S));
+        capped.expired(70 * S);
+        assert_eq!(file(), Some(70 * S), "a lease gone is due now");
     }
 }

@@ -365,7 +365,13 @@ async fn reannounce(
         announced.waiting = waiting;
         return;
     };
-    let mut p = super::presence::presence(NodeState::Up, &node.boot_id, node.ha.clone(), frozen);
+    let mut p = super::presence::presence(
+        NodeState::Up,
+        &node.boot_id,
+        node.ha.clone(),
+        frozen,
+        node.watchdog_s(),
+    );
     // Still up since then: a change of flags is no new state.
     p.since = was.since;
     p.waiting = waiting.clone();
