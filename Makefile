@@ -182,6 +182,7 @@ bench: all
 	bench/libvirt-drain.sh
 	bench/cluster-takeover.sh
 	bench/cluster-scale.sh
+	bench/cluster-watchdog.sh
 
 clean:
 	$(CARGO) clean

@@ -289,6 +289,27 @@ harness_libvirt_root() {
     harness_install "$VIRT_BASE" "$VIRT_ROOTFS"
 }
 
+# guest_module NAME: kernel module NAME and those it depends on (each
+# module's depends= field), uncompressed for busybox's modprobe, from the
+# caller's $m (the kernel's modules directory) into its initramfs $i (of
+# kernel $kver), with busybox $bb. Nothing for a module built in.
+guest_module() {
+    local f dep
+    grep -q "/$1\.ko\$" "$m/modules.builtin" 2>/dev/null && return 0
+    f=$(cd "$m" && find kernel -name "$1.ko" -o -name "$1.ko.xz" | head -n1)
+    [ -n "$f" ] || { log "guest: no module $1"; return 1; }
+    local dest=$i/lib/modules/$kver/${f%.xz}
+    [ -e "$dest" ] && return 0
+    mkdir -p "$(dirname "$dest")"
+    case "$f" in
+        *.xz) "$bb" unxz -c "$m/$f" >"$dest" ;;
+        *) cp "$m/$f" "$dest" ;;
+    esac
+    for dep in $(grep -ao 'depends=[a-z0-9_,-]*' "$dest" | cut -d= -f2 | tr , ' '); do
+        guest_module "$dep" || return 1
+    done
+}
+
 # harness_guest DEBS OUT: OUT/vmlinuz, OUT/initrd.gz and OUT/disk.img (empty
 # ext4, 64 MiB) from the kernel and busybox-static packages in DEBS.
 harness_guest() {
@@ -307,27 +328,9 @@ harness_guest() {
     mkdir -p "$i"/{bin,dev,proc,sys,mnt,tmp,var/log,etc/acpi/PWRF,lib/modules/$kver}
     cp "$bb" "$i/bin/busybox"
     ln -s busybox "$i/bin/sh"
-    # The modules the guest loads, with their dependencies (each module's
-    # depends= field), uncompressed for busybox's modprobe.
+    # The modules the guest loads, with their dependencies.
     local m=$mods/$kver
-    add_module() {
-        local f dep
-        # Built in (virtio_pci in trixie's cloud kernel): nothing to add.
-        grep -q "/$1\.ko\$" "$m/modules.builtin" 2>/dev/null && return 0
-        f=$(cd "$m" && find kernel -name "$1.ko" -o -name "$1.ko.xz" | head -n1)
-        [ -n "$f" ] || { log "guest: no module $1"; return 1; }
-        local dest=$i/lib/modules/$kver/${f%.xz}
-        [ -e "$dest" ] && return 0
-        mkdir -p "$(dirname "$dest")"
-        case "$f" in
-            *.xz) "$bb" unxz -c "$m/$f" >"$dest" ;;
-            *) cp "$m/$f" "$dest" ;;
-        esac
-        for dep in $(grep -ao 'depends=[a-z0-9_,-]*' "$dest" | cut -d= -f2 | tr , ' '); do
-            add_module "$dep" || return 1
-        done
-    }
-    for mod in virtio_pci virtio_blk button evdev; do add_module "$mod" || return 1; done
+    for mod in virtio_pci virtio_blk button evdev; do guest_module "$mod" || return 1; done
     "$bb" depmod -b "$i" "$kver"
     install -m755 "$REPO/tests/harness/guests/init" "$i/init"
     install -m755 "$REPO/tests/harness/guests/power-button" "$i/etc/acpi/PWRF/00000080"

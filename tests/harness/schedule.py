@@ -9,6 +9,9 @@ rules keep them honest:
   heavy  CPU-bound (a build, a flood, QEMU under TCG, podman): never beside
          another heavy job or a tight one;
   tight  measures times or races a deadline: never beside a heavy job;
+  exclusive
+         both, and more (a QEMU guest whose emulated watchdog counts on
+         host time: a starved guest would be reset for nothing): alone;
   (none) anything else.
 
 A scenario names its class, its expected minutes and what it waits for in
@@ -16,7 +19,7 @@ its header:
 
     # harness-job: class=tight minutes=6 after=unit-tests
 
-Heavy jobs go first, one at a time, with plain ones beside them; the tight
+Exclusive jobs go first, alone; then heavy jobs, one at a time, with plain ones beside them; the tight
 ones follow, side by side; within a class the longest start first (by the
 last run's times in the cache when there are any, else by the header).
 Each job's output goes
@@ -69,7 +72,7 @@ def parse_header(path):
             key, _, value = word.partition("=")
             fields[key] = value
     klass = fields.get("class", "")
-    if klass not in ("", "heavy", "tight"):
+    if klass not in ("", "heavy", "tight", "exclusive"):
         raise SystemExit(f"schedule: {path}: unknown class '{klass}'")
     return {
         "klass": klass,
@@ -94,6 +97,10 @@ def load_times(path):
 
 def may_start(job, running, heavy_queued):
     classes = [j.klass for j in running]
+    if job.klass == "exclusive":
+        return not running
+    if "exclusive" in classes:
+        return False
     if job.klass == "heavy":
         return "heavy" not in classes and "tight" not in classes
     if job.klass == "tight":
@@ -222,7 +229,8 @@ def run_queue(jobs, max_jobs, logdir, running):
     # the heavy jobs one after another plus the tight ones side by side:
     # the heavy ones go first (a failed lint or unit test shows early),
     # plain ones beside them, then the tight ones, longest first.
-    queue = sorted(jobs, key=lambda j: (j.klass != "heavy", -j.minutes))
+    rank = {"exclusive": 0, "heavy": 1}
+    queue = sorted(jobs, key=lambda j: (rank.get(j.klass, 2), -j.minutes))
     done = set()
     while queue or running:
         for j in list(running):
