@@ -107,7 +107,10 @@ fn fence_watch_drop_in(root: &Root, loaded: &Loaded, device: &Path) -> String {
          [Service]\n\
          PrivateDevices=no\n\
          DevicePolicy=closed\n\
-         DeviceAllow={} rw\n",
+         DeviceAllow={} rw\n\
+         # Never killed on a stop: the close of a SIGKILL would pet the device.\n\
+         # Stopped, it closes the device once no HA workload runs here.\n\
+         TimeoutStopSec=infinity\n",
         sources(root, loaded),
         path_word("", device)
     )

@@ -272,6 +272,7 @@ fn the_owner_check_fails_closed() {
                 stop_bound_s: 65,
                 since: "T".into(),
                 boot_id: String::new(),
+                watchdog_s: None,
             })
             .unwrap()
         };
@@ -359,6 +360,7 @@ fn maintenance_hands_keys_over_and_takes_them_back() {
                 stop_bound_s: 65,
                 since: "T".into(),
                 boot_id: String::new(),
+                watchdog_s: None,
             })
             .unwrap()
         };

@@ -69,6 +69,12 @@ pub(super) fn owner_check(root: &Root, name: &str) -> i32 {
         &root.state_dir(),
         &boot_id,
     ));
+    if let Ok(Ok(token)) = &checked
+        && let Some(why) =
+            crate::cluster::watchdog::key_refusal(token.watchdog_s, armed.as_ref().map(|(_, t)| *t))
+    {
+        return refuse(&why);
+    }
     match checked {
         Ok(Ok(token)) => match crate::cluster::owner::write_token(&root.runtime_dir(), name, &token) {
             Ok(()) => 0,

@@ -58,12 +58,11 @@ pub(super) fn fence_watch(root: &Root) -> i32 {
             let spawned = std::thread::Builder::new()
                 .name("watchdog".into())
                 .spawn(move || {
-                    // A holder that panicked pets nothing: the process goes
-                    // too, restarted (Restart=on-failure) to open it again.
+                    let runtime_dir = root.runtime_dir();
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         hold_watchdog(&root, &w, margin)
                     }));
-                    std::process::exit(101)
+                    park(&runtime_dir, "the watchdog's thread panicked")
                 });
             if let Err(e) = spawned {
                 say_error(&format!(
@@ -79,8 +78,11 @@ pub(super) fn fence_watch(root: &Root) -> i32 {
     loop {
         // An upgrade replaced the binary: the new one takes over the watch
         // (RestartForceExitStatus=75), and the device, left counting, with
-        // it.
-        if crate::daemon::binary_replaced() {
+        // it; while a watchdog is held, only at a moment a pet is allowed
+        // (the exit's close pets it).
+        if crate::daemon::binary_replaced()
+            && (settings.watchdog.is_none() || PET_ALLOWED.load(Ordering::SeqCst))
+        {
             say("berth fence-watch: the berth binary was replaced: relaunching (exit 75)\n");
             return crate::daemon::EXIT_RELAUNCH;
         }
@@ -112,6 +114,23 @@ fn notify_ready() {
 /// Set by SIGTERM when a watchdog is held: the holder closes it only
 /// once that is safe, then ends the process.
 static STOP_ASKED: AtomicBool = AtomicBool::new(false);
+/// The holder's last judgement allowed a pet: the process may end (its
+/// close pets the device) only then.
+static PET_ALLOWED: AtomicBool = AtomicBool::new(false);
+
+/// The holder cannot go on: the device stays open and unpetted, and the
+/// host resets within its timeout (an exit would pet it). Starts are
+/// refused from now on.
+fn park(runtime_dir: &std::path::Path, why: &str) -> ! {
+    let _ = remove_armed(runtime_dir);
+    PET_ALLOWED.store(false, Ordering::SeqCst);
+    Events::new("berth").warn(&format!(
+        "cluster: watchdog: {why}: no longer petted; the host resets within its timeout"
+    ));
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
 
 extern "C" fn on_term(_: nix::libc::c_int) {
     STOP_ASKED.store(true, Ordering::SeqCst);
@@ -139,9 +158,20 @@ fn hold_watchdog(root: &Root, w: &Watchdog, margin: Duration) -> ! {
             let _ = remove_armed(&runtime_dir);
             std::process::exit(0);
         }
-        match Hardware::open(&w.device, w.timeout_s) {
+        // Left counting by an earlier holder of this boot (the armed file
+        // outlives it), or so the kernel says.
+        let taking_over = crate::state::cluster::read_armed(&runtime_dir).is_some()
+            || crate::cluster::watchdog::device::counting(&w.device);
+        match Hardware::open(&w.device, w.timeout_s, taking_over) {
             Ok(device) => {
                 let timeout = device.timeout();
+                if taking_over {
+                    events.info(&format!(
+                        "cluster: watchdog: {} was left counting by an earlier holder: taken over as it is ({} s)",
+                        w.device.display(),
+                        timeout.as_secs()
+                    ));
+                }
                 if let Err(e) = write_armed(&runtime_dir, &w.device, timeout.as_secs()) {
                     events.warn(&format!(
                         "cluster: watchdog: cannot write {}: {e}: owner-check starts no HA workload here",
@@ -156,28 +186,16 @@ fn hold_watchdog(root: &Root, w: &Watchdog, margin: Duration) -> ! {
                     timeout.as_secs() + crate::cluster::watchdog::MARGIN.as_secs()
                 ));
                 notify_ready();
-                let mut host = match Host::new(root) {
+                let mut host = match Host::new(root, holder::pet_every(timeout)) {
                     Ok(h) => h,
-                    Err(e) => {
-                        events.warn(&format!(
-                            "cluster: watchdog: {e}: exiting, the device left counting"
-                        ));
-                        std::process::exit(1);
-                    }
+                    Err(e) => park(&runtime_dir, &format!("{e:#}")),
                 };
                 match holder::hold(device, margin, &mut host) {
                     End::Closed => {
                         say("berth fence-watch: the watchdog is closed; stopping\n");
                         std::process::exit(0);
                     }
-                    End::Failed(why) => {
-                        let _ = remove_armed(&runtime_dir);
-                        events.warn(&format!(
-                            "cluster: watchdog: {}: {why}; exiting with the device left counting (restarted, it is opened again)",
-                            w.device.display()
-                        ));
-                        std::process::exit(1);
-                    }
+                    End::Failed(why) => park(&runtime_dir, &format!("{}: {why}", w.device.display())),
                 }
             }
             Err(e) => {
@@ -211,21 +229,42 @@ struct Host {
     runtime: tokio::runtime::Runtime,
     systemd: Option<Systemd>,
     events: Events,
+    /// The longest a look at the HA units may take (one pet period): one
+    /// that takes longer counts as unseen, not petted this time.
+    look_bound: Duration,
 }
 
-/// The longest a look at the HA units may take: one that takes longer
-/// counts as unseen (not petted this time).
-const LOOK_BOUND: Duration = Duration::from_secs(2);
-
 impl Host {
-    fn new(root: &Root) -> anyhow::Result<Host> {
+    fn new(root: &Root, look_bound: Duration) -> anyhow::Result<Host> {
         Ok(Host {
             root: root.clone(),
             runtime: crate::systemd::runtime()?,
             systemd: None,
             events: Events::new("berth"),
+            look_bound,
         })
     }
+}
+
+/// The HA workloads that may run here: those berth.toml has, and those
+/// owner-check let start in this boot (a token file), which a workload
+/// file in error or removed since would otherwise hide.
+fn watched(root: &Root) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = ha_workloads(&config::load(root))
+        .into_iter()
+        .map(|w| (w.name.clone(), w.unit_name()))
+        .collect();
+    let tokens = root.runtime_dir().join("owner");
+    for entry in std::fs::read_dir(tokens).into_iter().flatten().flatten() {
+        let file = entry.file_name();
+        let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".env")) else {
+            continue;
+        };
+        if crate::config::is_valid_workload_name(name) && !out.iter().any(|(n, _)| n == name) {
+            out.push((name.to_string(), crate::config::unit_name(name)));
+        }
+    }
+    out
 }
 
 fn monotonic() -> Duration {
@@ -244,19 +283,20 @@ impl World for Host {
     }
 
     fn look(&mut self) -> holder::Looked {
-        let ha = ha_workloads(&config::load(&self.root));
+        let ha = watched(&self.root);
         let manager = self.root.manager();
         let held = self.systemd.take();
+        let bound = self.look_bound;
         // The timer is made inside the runtime: made outside, it panics.
         let looked = self.runtime.block_on(async move {
-            tokio::time::timeout(LOOK_BOUND, async move {
+            tokio::time::timeout(bound, async move {
                 let sd = match held {
                     Some(sd) => sd,
                     None => Systemd::connect(manager).await.map_err(|e| e.to_string())?,
                 };
                 let mut units = Vec::with_capacity(ha.len());
-                for w in &ha {
-                    let t = sd.topology(&w.unit_name()).await.map_err(|e| e.to_string())?;
+                for (name, unit) in &ha {
+                    let t = sd.topology(unit).await.map_err(|e| e.to_string())?;
                     let timeout =
                         (t.timeout_stop_us != u64::MAX).then(|| t.timeout_stop_us.div_ceil(1_000_000));
                     let bound = crate::cluster::keys::stop_bound_s(t.exec_stop.len(), timeout)
@@ -268,7 +308,7 @@ impl World for Host {
                         !t.control_group.is_empty(),
                         bound,
                     );
-                    units.push((w.name.clone(), unit));
+                    units.push((name.clone(), unit));
                 }
                 Ok::<_, String>((sd, units))
             })
@@ -280,10 +320,7 @@ impl World for Host {
                 Ok(units)
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!(
-                "systemd did not answer within {} ms",
-                LOOK_BOUND.as_millis()
-            )),
+            Err(_) => Err(format!("systemd did not answer within {} ms", bound.as_millis())),
         }
     }
 
@@ -293,6 +330,14 @@ impl World for Host {
 
     fn stop_asked(&self) -> bool {
         STOP_ASKED.load(Ordering::SeqCst)
+    }
+
+    fn judged(&mut self, pet_allowed: bool) {
+        PET_ALLOWED.store(pet_allowed, Ordering::SeqCst);
+    }
+
+    fn margin(&mut self) -> Option<Duration> {
+        config::load(&self.root).host.cluster.map(|c| c.fence_margin())
     }
 
     fn disarm(&mut self) {
@@ -392,7 +437,7 @@ mod tests {
             1,
             "db is an HA workload"
         );
-        let mut host = Host::new(&root).unwrap();
+        let mut host = Host::new(&root, Duration::from_secs(2)).unwrap();
         match host.look() {
             Ok(units) => assert_eq!(units.len(), 1, "{units:?}"),
             Err(why) => assert!(!why.is_empty()),

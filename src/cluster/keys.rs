@@ -164,6 +164,11 @@ pub struct Owner {
     /// that did not say.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub boot_id: String,
+    /// The timeout of the watchdog the owner held when it wrote the key
+    /// (its wait may count on it): `owner-check` starts the workload only
+    /// where a watchdog of at most that timeout is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog_s: Option<u64>,
 }
 
 /// `last-owner/W`: who took HA workload W last, in which boot, with which

@@ -62,6 +62,8 @@ pub struct Token {
     pub node: String,
     pub lease: i64,
     pub revision: i64,
+    /// The watchdog timeout the key counts on, if any.
+    pub watchdog_s: Option<u64>,
 }
 
 /// The judgement on what etcd said (pure): the owner key as read, this
@@ -86,6 +88,7 @@ pub fn judge(owner: Option<&Read>, node: &str, live_lease: i64) -> Result<Token,
         node: owner.node,
         lease: read.lease,
         revision: read.revision,
+        watchdog_s: owner.watchdog_s,
     })
 }
 
@@ -175,6 +178,7 @@ mod tests {
                 stop_bound_s: 65,
                 since: "T".into(),
                 boot_id: String::new(),
+                watchdog_s: None,
             })
             .unwrap(),
             lease,
@@ -190,6 +194,7 @@ mod tests {
             node: "n1".into(),
             lease: 7,
             revision: 40,
+            watchdog_s: None,
         };
         let cases: Vec<(Option<Read>, Result<Token, NotOwner>)> = vec![
             (Some(owner("n1", 7)), Ok(token.clone())),
@@ -227,6 +232,7 @@ mod tests {
             node: "n1".into(),
             lease: 0x2a,
             revision,
+            watchdog_s: None,
         };
         write_token(dir.path(), "db", &t(5)).unwrap();
         write_token(dir.path(), "db", &t(9)).unwrap();

@@ -58,6 +58,7 @@ impl OwnerKey {
             stop_bound_s: 0,
             since: String::new(),
             boot_id: String::new(),
+            watchdog_s: None,
         });
         OwnerKey {
             owner,
@@ -321,6 +322,7 @@ mod tests {
             stop_bound_s: bound,
             since: "T".into(),
             boot_id: String::new(),
+            watchdog_s: None,
         })
         .unwrap()
     }

@@ -606,6 +606,7 @@ mod tests {
                 stop_bound_s: 30,
                 since: "T".into(),
                 boot_id: String::new(),
+                watchdog_s: None,
             };
             let put_at = Instant::now();
             c.put(
@@ -644,6 +645,7 @@ mod tests {
                 stop_bound_s: 1,
                 since: "T".into(),
                 boot_id: "b".into(),
+                watchdog_s: None,
             };
             c.put(
                 node.keys.owner("db"),
@@ -745,6 +747,7 @@ mod tests {
                 stop_bound_s: 5,
                 since: "T".into(),
                 boot_id: String::new(),
+                watchdog_s: None,
             };
             let moved = Instant::now();
             c.put(

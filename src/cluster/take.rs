@@ -464,6 +464,7 @@ async fn take_due(
             stop_bound_s: local.stop_bound_s,
             since: rfc3339(std::time::SystemTime::now()),
             boot_id: node.boot_id.clone(),
+            watchdog_s: node.watchdog_s(),
         };
         let value = serde_json::to_string(&owner).unwrap_or_default();
         let last = LastOwner {

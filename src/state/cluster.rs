@@ -105,7 +105,9 @@ pub fn read_fence_deadline(runtime_dir: &Path) -> Option<Duration> {
 /// and the runtime directory does not outlive the boot anyway.
 pub fn write_fence_deadline(runtime_dir: &Path, d: Duration) {
     let path = fence_deadline_path(runtime_dir);
-    let tmp = path.with_extension("tmp");
+    // A name of its own: the daemon and a drain may write at once, and a
+    // shared one could be renamed half written (read as no deadline).
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     if std::fs::write(&tmp, format!("{}\n", d.as_millis())).is_ok() {
         let _ = std::fs::rename(&tmp, &path);
     }

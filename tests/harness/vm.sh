@@ -168,7 +168,7 @@ vm_run_within() {
     local limit=$1 n
     shift
     # Unique without a counter: callers run it in subshells ($(...)).
-    n=$VM_DIR/ctl/${EPOCHREALTIME/./}-$BASHPID
+    n=$VM_DIR/ctl/${EPOCHREALTIME//[!0-9]/}-$BASHPID
     printf '%s\n' "$*" >"$n.tmp"
     mv "$n.tmp" "$n.cmd"
     wait_for "$limit" test -e "$n.rc" || { echo "vm_run: no answer within $limit s: $*" >&2; return 124; }
@@ -203,7 +203,11 @@ vm_pause() {
     done
     echo "$paused $resumed $stopped"
 }
-vm_db_stops() { grep -c '^stop-end ' "$VM_DIR/out/db.log" 2>/dev/null || true; }
+vm_db_stops() {
+    local n
+    n=$(grep -c '^stop-end ' "$VM_DIR/out/db.log" 2>/dev/null) || true
+    echo "${n:-0}"
+}
 
 vm_cleanup() {
     [ -z "$VM_PID" ] || { kill "$VM_PID" 2>/dev/null || true; wait "$VM_PID" 2>/dev/null || true; }

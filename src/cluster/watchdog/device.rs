@@ -95,7 +95,12 @@ pub struct Hardware {
 impl Hardware {
     /// Opens `path` (the count starts), and sets its timeout. A device
     /// that cannot be held safely is closed again at once, disarmed.
-    pub fn open(path: &Path, timeout_s: u64) -> Result<Hardware, OpenError> {
+    ///
+    /// `taking_over`: an earlier holder left it counting (a relaunch, a
+    /// crash). Then nothing is set, and nothing stops it: setting the
+    /// timeout would pet it, and that earlier holder may have stopped
+    /// petting on purpose. Its timeout is read and kept.
+    pub fn open(path: &Path, timeout_s: u64, taking_over: bool) -> Result<Hardware, OpenError> {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
@@ -105,6 +110,14 @@ impl Hardware {
             path: path.to_path_buf(),
             timeout: Duration::from_secs(timeout_s),
         };
+        if taking_over {
+            let mut got: libc_int = 0;
+            // SAFETY: an int the kernel writes.
+            if unsafe { wdioc_gettimeout(held.file.as_raw_fd(), &mut got) }.is_ok() && got > 0 {
+                held.timeout = Duration::from_secs(got as u64);
+            }
+            return Ok(held);
+        }
         match held.configure(timeout_s) {
             Ok(()) => Ok(held),
             Err(e) => {
@@ -153,6 +166,19 @@ impl Hardware {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Whether the kernel says the device counts now
+/// (`/sys/class/watchdog/watchdogN/state`; `/dev/watchdog` is
+/// watchdog0). False when it cannot tell.
+pub fn counting(path: &Path) -> bool {
+    let name = match path.file_name().and_then(|n| n.to_str()) {
+        Some("watchdog") => "watchdog0",
+        Some(n) => n,
+        None => return false,
+    };
+    std::fs::read_to_string(Path::new("/sys/class/watchdog").join(name).join("state"))
+        .is_ok_and(|s| s.trim() == "active")
 }
 
 impl Device for Hardware {

@@ -26,6 +26,14 @@ pub trait World {
     fn sleep(&mut self, d: Duration);
     /// The holder was asked to stop (SIGTERM).
     fn stop_asked(&self) -> bool;
+    /// Told after each judgement whether a pet was allowed. The kernel
+    /// pets the device when it is closed without the magic character (an
+    /// exit, a crash) and when its timeout is set: only while a pet is
+    /// allowed may the process end or another take the device over.
+    fn judged(&mut self, pet_allowed: bool);
+    /// The lease's fence margin as berth.toml says now, when it can be
+    /// read: the shorter of it and the one the holder began with counts.
+    fn margin(&mut self) -> Option<Duration>;
     /// Removes the armed file: `owner-check` refuses every start from
     /// then on.
     fn disarm(&mut self);
@@ -58,6 +66,8 @@ pub fn hold<D: Device, W: World>(mut device: D, margin: Duration, world: &mut W)
     let mut disarmed = false;
     let mut said_held = false;
     loop {
+        let began = world.now();
+        let margin = world.margin().map_or(margin, |m| m.min(margin));
         if world.stop_asked() {
             if !disarmed {
                 world.disarm();
@@ -113,6 +123,7 @@ pub fn hold<D: Device, W: World>(mut device: D, margin: Duration, world: &mut W)
                 Err(why) => Err(Starve::Unobserved { why }),
             }
         };
+        world.judged(judged.is_ok());
         match judged {
             Ok(()) => {
                 if let Err(e) = device.pet() {
@@ -134,7 +145,8 @@ pub fn hold<D: Device, W: World>(mut device: D, margin: Duration, world: &mut W)
                 starving = Some(why);
             }
         }
-        world.sleep(every);
+        // One look and pet per period, however long the look took.
+        world.sleep(every.saturating_sub(world.now().saturating_sub(began)));
     }
 }
 
@@ -157,6 +169,10 @@ mod tests {
         units: Box<dyn Fn(Duration) -> Looked>,
         stop_at: Option<Duration>,
         disarmed_at: Option<Duration>,
+        /// Each judgement: whether a pet (or a close) was allowed.
+        judged: Vec<bool>,
+        /// The margin berth.toml says now.
+        margin_now: Option<Duration>,
         said: Vec<String>,
         /// Ends the test: a holder that never returns runs until then.
         until: Duration,
@@ -183,6 +199,12 @@ mod tests {
         fn disarm(&mut self) {
             self.disarmed_at = Some(self.now());
         }
+        fn judged(&mut self, pet_allowed: bool) {
+            self.judged.push(pet_allowed);
+        }
+        fn margin(&mut self) -> Option<Duration> {
+            self.margin_now
+        }
         fn info(&mut self, text: &str) {
             self.said.push(text.to_string());
         }
@@ -201,6 +223,8 @@ mod tests {
             units: Box::new(units),
             stop_at: None,
             disarmed_at: None,
+            judged: Vec::new(),
+            margin_now: None,
             said: Vec::new(),
             until: 600 * S,
         }
@@ -269,10 +293,93 @@ mod tests {
         assert_eq!(end, None);
         let last = last_pet(&log).expect("petted while the lease lived");
         assert!(last < 20 * S + super::super::FENCE_LATE, "last pet at {last:?}");
+        // No close (a pet by the kernel) allowed once it starves.
+        assert_eq!(s.judged.first(), Some(&true));
+        assert_eq!(s.judged.last(), Some(&false));
         // Each reason said once, when it began.
         assert_eq!(s.said.len(), 2, "{:?}", s.said);
         assert!(s.said[0].contains("nothing stops db"), "{:?}", s.said);
         assert!(s.said[1].contains("the lease has expired"), "{:?}", s.said);
+    }
+
+    /// berth.toml now gives a shorter margin (a lower TTL) than the one
+    /// the holder began with: the shorter counts, so the expiry comes
+    /// sooner and the last pet with db up with it.
+    #[test]
+    fn a_shorter_margin_in_berth_toml_counts() {
+        let mut s = sim(Some(20 * S), |now| {
+            db(if now < 20 * S {
+                Unit::Up
+            } else {
+                Unit::Stopping {
+                    for_: now - 20 * S,
+                    bound: 35 * S,
+                }
+            })
+        });
+        s.until = 60 * S;
+        s.margin_now = Some(S);
+        let (d, log) = fake(&s);
+        let (_, _) = run(s, d);
+        // Expiry at 21 s, not 24 s (the margin of 4 s it began with).
+        let last = last_pet(&log).unwrap();
+        assert!(last < 21 * S, "last pet at {last:?}");
+    }
+
+    /// A look that takes long does not stretch the period between pets.
+    #[test]
+    fn a_slow_look_does_not_stretch_the_period() {
+        struct Slow(Sim);
+        impl World for Slow {
+            fn now(&self) -> Duration {
+                self.0.now()
+            }
+            fn deadline(&self) -> Option<Duration> {
+                self.0.deadline()
+            }
+            fn look(&mut self) -> Looked {
+                // Each look takes 2 s of the 2.5 s period.
+                *self.0.clock.lock().unwrap() += 2 * S;
+                self.0.look()
+            }
+            fn sleep(&mut self, d: Duration) {
+                self.0.sleep(d)
+            }
+            fn stop_asked(&self) -> bool {
+                self.0.stop_asked()
+            }
+            fn disarm(&mut self) {}
+            fn judged(&mut self, _: bool) {}
+            fn margin(&mut self) -> Option<Duration> {
+                None
+            }
+            fn info(&mut self, _: &str) {}
+            fn warn(&mut self, _: &str) {}
+        }
+        let mut s = sim(Some(Duration::ZERO), |now| {
+            db(Unit::Stopping {
+                for_: now,
+                bound: 1000 * S,
+            })
+        });
+        s.until = 30 * S;
+        // A margin of 1000 s: db stopping, the lease never expiring.
+        let (d, log) = fake(&s);
+        let mut slow = Slow(s);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hold(d, 1000 * S, &mut slow)));
+        let pets: Vec<Duration> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|d| match d {
+                Done::Pet(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        for w in pets.windows(2) {
+            assert!(w[1] - w[0] <= 2500 * MS, "{pets:?}");
+        }
+        assert!(pets.len() >= 10, "{pets:?}");
     }
 
     /// The fence stops db within its bound: petted throughout.

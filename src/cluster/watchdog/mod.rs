@@ -97,7 +97,8 @@ pub fn start_refusal(
 ) -> Option<String> {
     let (device, timeout_s) = configured?;
     match armed {
-        Some(held) if held == (device, timeout_s) => None,
+        // A device may count shorter than asked (it rounds): safe.
+        Some((d, t)) if d == device && t <= timeout_s => None,
         Some((d, t)) => Some(format!(
             "berth.toml sets watchdog = {} with {timeout_s} s, but berth-fence-watch.service holds {} with {t} s: restart it to apply the change",
             device.display(),
@@ -106,6 +107,22 @@ pub fn start_refusal(
         None => Some(format!(
             "berth.toml sets watchdog = {}, and berth-fence-watch.service does not hold it (see its journal)",
             device.display()
+        )),
+    }
+}
+
+/// Whether an owner key's wait may be counted on here (pure): a key
+/// written with a watchdog of `key_s` is started only where a watchdog of
+/// at most that timeout is held (`armed`), whatever berth.toml says now.
+pub fn key_refusal(key_s: Option<u64>, armed: Option<u64>) -> Option<String> {
+    let key_s = key_s?;
+    match armed {
+        Some(t) if t <= key_s => None,
+        Some(t) => Some(format!(
+            "its owner key counts on a watchdog of {key_s} s, and the one held here counts {t} s: stop the HA workloads and restart berth-fence-watch.service, or let a peer take it"
+        )),
+        None => Some(format!(
+            "its owner key counts on a watchdog of {key_s} s, and none is held here (see berth-fence-watch.service's journal)"
         )),
     }
 }
@@ -341,8 +358,24 @@ mod tests {
         assert_eq!(start_refusal(None, None), None);
         assert_eq!(start_refusal(None, Some((w0, 10))), None);
         assert_eq!(start_refusal(Some((w0, 10)), Some((w0, 10))), None);
+        assert_eq!(start_refusal(Some((w0, 10)), Some((w0, 9))), None, "rounded down");
         for armed in [None, Some((w0, 20)), Some((w1, 10))] {
             assert!(start_refusal(Some((w0, 10)), armed).is_some(), "{armed:?}");
+        }
+    }
+
+    /// (the key's watchdog, the one held) → refused?
+    #[test]
+    fn a_key_counting_on_a_watchdog_starts_only_under_one_as_short() {
+        for (key, armed, refused) in [
+            (None, None, false),
+            (None, Some(10), false),
+            (Some(10), Some(10), false),
+            (Some(10), Some(5), false),
+            (Some(10), Some(20), true),
+            (Some(10), None, true),
+        ] {
+            assert_eq!(key_refusal(key, armed).is_some(), refused, "{key:?} {armed:?}");
         }
     }
 
