@@ -134,14 +134,20 @@ pub fn drained_path(runtime_dir: &Path) -> PathBuf {
 /// The boot in which a drain began here, if one did and the daemon has
 /// not joined since.
 pub fn read_drained(runtime_dir: &Path) -> Option<String> {
+    read_at_most(&drained_path(runtime_dir), 256).map(|t| t.trim().to_string())
+}
+
+/// At most `max` bytes of a small file this node wrote: a file grown
+/// huge (or replaced by one) costs no more than that.
+fn read_at_most(path: &Path, max: u64) -> Option<String> {
     use std::io::Read;
     let mut text = String::new();
-    std::fs::File::open(drained_path(runtime_dir))
+    std::fs::File::open(path)
         .ok()?
-        .take(256)
+        .take(max)
         .read_to_string(&mut text)
         .ok()?;
-    Some(text.trim().to_string())
+    Some(text)
 }
 
 pub fn write_drained(runtime_dir: &Path, boot_id: &str) -> io::Result<()> {
@@ -167,13 +173,7 @@ pub fn armed_path(runtime_dir: &Path) -> PathBuf {
 /// The watchdog held here, as `berth fence-watch` wrote it: its device
 /// and timeout.
 pub fn read_armed(runtime_dir: &Path) -> Option<(PathBuf, u64)> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(armed_path(runtime_dir))
-        .ok()?
-        .take(4200)
-        .read_to_string(&mut text)
-        .ok()?;
+    let text = read_at_most(&armed_path(runtime_dir), 4200)?;
     let (device, timeout) = text.trim_end().rsplit_once(' ')?;
     Some((PathBuf::from(device), timeout.parse().ok()?))
 }
@@ -198,13 +198,7 @@ pub fn listing_error_path(runtime_dir: &Path) -> PathBuf {
 const LISTING_ERROR_MAX: u64 = 4096;
 
 pub fn read_listing_error(runtime_dir: &Path) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(listing_error_path(runtime_dir))
-        .ok()?
-        .take(LISTING_ERROR_MAX)
-        .read_to_string(&mut text)
-        .ok()?;
+    let text = read_at_most(&listing_error_path(runtime_dir), LISTING_ERROR_MAX)?;
     Some(text.trim().to_string()).filter(|t| !t.is_empty())
 }
 
