@@ -10,8 +10,8 @@
 # the time from the kill to db's start on B is taken; A boots again and
 # takes db back (B drains and rejoins). Then A, owning db, is paused
 # (QMP stop) for twice the TTL and resumed: the window is from B's start
-# of db to A's stop of it, both on the host's clock (A's log is a file
-# on a host share, stamped by the host as the guest writes it).
+# of db to A's stop of it, both on the host's clock (each line of A's log
+# reaches the host on a serial port and is timed as it lands).
 # Needs root, systemd-nspawn, debootstrap, etcd and QEMU, like the harness.
 source "$(dirname "$0")/../tests/harness/lib.sh"
 SCENARIO=bench-cluster-watchdog

@@ -7,16 +7,18 @@
 #
 # The guest's kernel is Debian's generic one (Debian 12's cloud kernel has
 # no i6300esb driver), booted directly with a busybox initramfs
-# (tests/harness/vm/init) that mounts the root image and the host's
-# shares and hands over to systemd. Its network is QEMU's user
-# networking: the host's loopback, where etcd and the relays listen, is
-# 10.0.2.2 there. Commands run in it through an agent polling a share
-# (vm_run); QMP gives the host's view (vm_qmp, and every event with the
-# host's time in $VM_DIR/events.log).
+# (tests/harness/vm/init) that mounts the root image, copies berth's
+# config from a host share, and hands over to systemd. Its network is
+# QEMU's user networking: the host's loopback, where etcd and the relays
+# listen, is 10.0.2.2 there. Commands run in it through an agent on a
+# virtio serial port (vm_run), and the workloads' logs come back on
+# another, through tests/harness/vm/bridge: serial ports, unlike 9p,
+# work again after a suspend to RAM. QMP gives the host's view (vm_qmp,
+# and every event with the host's time in $VM_DIR/events.log).
 # shellcheck shell=bash
 
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is needed (make deps installs qemu-system-x86)"
-VM_MODULES="virtio_pci virtio_blk virtio_net i6300esb 9pnet_virtio 9p ext4 crc32c_generic"
+VM_MODULES="virtio_pci virtio_blk virtio_net virtio_console i6300esb 9pnet_virtio 9p ext4 crc32c_generic"
 VM_BASE=$(cache_dir "vm-$SUITE" "$BASE_STAMP; $VM_MODULES; $(cksum <"$REPO/tests/harness/vm/init" | cut -d' ' -f1) v1")
 
 # The guest's kernel and initramfs, built once per suite from its own
@@ -98,13 +100,15 @@ vm_image() {
 
 VM_PID=
 VM_EVENTS_PID=
+VM_BRIDGE_PID=
 VM_DIR=
-# vm_boot NAME CONFIG-DIR [KERNEL-ARG...]: boots the guest NAME with
-# CONFIG-DIR as its /etc/berth (a copy, writable from the host as
-# $VM_DIR/etc-berth); waits until its system is up and the agent answers.
-# Its console goes to $VM_DIR/console.log (with the journal's warnings:
-# what a reset cuts short never reaches the journal's file), QMP events
-# to events.log.
+# vm_boot NAME CONFIG-DIR [KERNEL-ARG...]: boots the guest NAME with a
+# copy of CONFIG-DIR as its /etc/berth (copied again at each boot, from
+# $VM_DIR/boot/berth); waits until its system is up and the agent
+# answers. Its console goes to $VM_DIR/console.log (with the journal's
+# warnings: what a reset cuts short never reaches the journal's file),
+# QMP events to events.log, the lines of its /out/db.log to
+# $VM_DIR/out/db.log as they land.
 vm_boot() {
     local name=$1 config=$2
     shift 2
@@ -112,16 +116,15 @@ vm_boot() {
     vm_image
     VM_DIR=$HARNESS_DIR/run/${SCENARIO:-adhoc}/$name
     rm -rf "$VM_DIR"
-    mkdir -p "$VM_DIR/etc-berth" "$VM_DIR/out" "$VM_DIR/ctl"
-    chmod 1777 "$VM_DIR/out"
-    cp -a "$config/." "$VM_DIR/etc-berth/"
-    install -m755 "$REPO/tests/harness/vm/agent" "$VM_DIR/ctl/agent"
+    mkdir -p "$VM_DIR/boot/berth" "$VM_DIR/out" "$VM_DIR/ctl"
+    cp -a "$config/." "$VM_DIR/boot/berth/"
+    install -m755 "$REPO/tests/harness/vm/agent" "$REPO/tests/harness/vm/forward" "$VM_DIR/boot/"
     # The disk a stalled workload reads from (vm_stall_disk).
     truncate -s 64M "$VM_DIR/stall.img"
-    local share shares=()
-    for share in berth:etc-berth out:out ctl:ctl; do
-        shares+=(-fsdev "local,id=${share%%:*},path=$VM_DIR/${share#*:},security_model=none"
-            -device "virtio-9p-pci,fsdev=${share%%:*},mount_tag=${share%%:*}")
+    local port ports=(-device virtio-serial-pci,id=vser)
+    for port in agent out; do
+        ports+=(-chardev "socket,id=$port,path=$VM_DIR/$port.sock,server=on,wait=off"
+            -device "virtserialport,bus=vser.0,chardev=$port,name=$port")
     done
     harness_stat boot
     qemu-system-x86_64 -machine pc,accel=tcg -m 768 -smp 1 \
@@ -134,13 +137,18 @@ vm_boot() {
         -device virtio-blk-pci,drive=stall,id=stalldev,serial=stall \
         -netdev user,id=net0 -device virtio-net-pci,netdev=net0 \
         -device i6300esb -action watchdog=reset \
-        "${shares[@]}" \
+        -fsdev "local,id=boot,path=$VM_DIR/boot,security_model=none,readonly=on" \
+        -device virtio-9p-pci,fsdev=boot,mount_tag=boot \
+        "${ports[@]}" \
         -qmp "unix:$VM_DIR/qmp.sock,server=on,wait=off" \
         -qmp "unix:$VM_DIR/events.sock,server=on,wait=off" \
         </dev/null >"$VM_DIR/qemu.log" 2>&1 &
     VM_PID=$!
     "$REPO/tests/harness/vm/qmp" --events "$VM_DIR/events.sock" >"$VM_DIR/events.log" 2>&1 &
     VM_EVENTS_PID=$!
+    "$REPO/tests/harness/vm/bridge" "$VM_DIR/agent.sock" "$VM_DIR/out.sock" "$VM_DIR/ctl" "$VM_DIR/out" \
+        >"$VM_DIR/bridge.log" 2>&1 &
+    VM_BRIDGE_PID=$!
     vm_wait_up "$BOOT_TIMEOUT_VM" || die "the guest $name did not come up in $BOOT_TIMEOUT_VM s; see $VM_DIR/console.log"
 }
 # Under TCG beside the other nodes a boot takes tens of seconds.
@@ -187,21 +195,51 @@ vm_events() { awk -v e="$1" '$2 == e { print $1 }' "$VM_DIR/events.log"; }
 # (a file on a host share: the host sees the line as it lands). Prints the
 # host times of the pause, the resume and that line (0 when none came).
 vm_pause() {
-    local before paused resumed stopped=0
+    local before paused resumed stopped
     before=$(vm_db_stops)
     vm_qmp stop >/dev/null
     paused=$(date +%s.%N)
     sleep "$1"
     vm_qmp cont >/dev/null
     resumed=$(date +%s.%N)
+    stopped=$(vm_db_stop_after "$before")
+    echo "$paused $resumed $stopped"
+}
+
+# vm_suspend UNTIL: suspends the guest to RAM (systemctl suspend in it),
+# wakes it at the host time UNTIL (QMP system_wakeup), then
+# waits up to 60 s for a new stop-end line in its db log. Prints the host
+# times of the suspend (QMP's SUSPEND), the wake-up and that line (0 when
+# none came); returns 1 when the guest did not suspend within 30 s.
+vm_suspend() {
+    local before t0 suspended woke stopped
+    before=$(vm_db_stops)
+    t0=$(date +%s.%N)
+    # Delayed: the agent answers before user space freezes.
+    vm_run '(sleep 1; systemctl suspend) >/dev/null 2>&1 &' >/dev/null
+    wait_for 30 vm_event_after SUSPEND "$t0" || return 1
+    suspended=$(vm_event_after SUSPEND "$t0")
+    sleep "$(python3 -c "print(max(0.0, $1 - $(date +%s.%N)))")"
+    vm_qmp system_wakeup >/dev/null
+    woke=$(date +%s.%N)
+    stopped=$(vm_db_stop_after "$before")
+    echo "$suspended $woke $stopped"
+}
+# vm_event_after NAME T: the host time of the first QMP event NAME after T.
+vm_event_after() { vm_events "$1" | awk -v t="$2" '$1 > t { print; found = 1; exit } END { exit !found }'; }
+
+# vm_db_stop_after N: the host time at which the db log has more than N
+# stop-end lines, polled every 50 ms for up to 60 s (0 when it did not).
+vm_db_stop_after() {
+    local _
     for _ in $(seq 1200); do
-        if [ "$(vm_db_stops)" -gt "$before" ]; then
-            stopped=$(date +%s.%N)
-            break
+        if [ "$(vm_db_stops)" -gt "$1" ]; then
+            date +%s.%N
+            return
         fi
         sleep 0.05
     done
-    echo "$paused $resumed $stopped"
+    echo 0
 }
 vm_db_stops() {
     local n
@@ -212,4 +250,5 @@ vm_db_stops() {
 vm_cleanup() {
     [ -z "$VM_PID" ] || { kill "$VM_PID" 2>/dev/null || true; wait "$VM_PID" 2>/dev/null || true; }
     [ -z "$VM_EVENTS_PID" ] || kill "$VM_EVENTS_PID" 2>/dev/null || true
+    [ -z "$VM_BRIDGE_PID" ] || kill "$VM_BRIDGE_PID" 2>/dev/null || true
 }
