@@ -278,6 +278,13 @@ impl World for Host {
         boottime()
     }
 
+    fn asleep(&self) -> Duration {
+        let monotonic = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(Duration::from)
+            .unwrap_or_default();
+        boottime().saturating_sub(monotonic)
+    }
+
     fn deadline(&self) -> Option<Duration> {
         fence::read_deadline(&self.root.runtime_dir())
     }
@@ -386,23 +393,25 @@ fn backstop_fence(root: &Root, first: bool) -> anyhow::Result<()> {
         }
         // The daemon may have renewed its lease since the look began (a
         // late keep-alive answer): then nothing is stopped.
-        if fence::read_deadline(&root.runtime_dir()).is_none_or(|d| boottime() < d) {
-            return Ok(());
-        }
+        let passed = match fence::read_deadline(&root.runtime_dir()) {
+            Some(d) if boottime() >= d => boottime() - d,
+            _ => return Ok(()),
+        };
         if running.is_empty() {
             if first {
                 events.info("cluster: fence-watch: the lease deadline passed; no HA workload runs here");
             }
             return Ok(());
         }
+        let names: Vec<&str> = running.iter().map(|w| w.name.as_str()).collect();
+        // After a suspend it passed long ago: said as it is.
         events.warn(&format!(
-            "cluster: fence-watch: the lease deadline passed {} s ago and {} still run here (neither the daemon's fence nor berth-fence.timer stopped them): stopping them",
-            crate::cluster::fence_watch::LATE.as_secs(),
-            running
-                .iter()
-                .map(|w| w.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "cluster: fence-watch: the lease deadline passed {} ms ago and {} still {} here (neither the daemon's fence nor berth-fence.timer stopped {}): stopping {}",
+            passed.as_millis(),
+            names.join(", "),
+            if names.len() == 1 { "runs" } else { "run" },
+            if names.len() == 1 { "it" } else { "them" },
+            if names.len() == 1 { "it" } else { "them" },
         ));
         fence::stop_now(&sd, root, &running, &events).await;
         Ok(())

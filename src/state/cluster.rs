@@ -137,9 +137,9 @@ pub fn read_drained(runtime_dir: &Path) -> Option<String> {
     read_at_most(&drained_path(runtime_dir), 256).map(|t| t.trim().to_string())
 }
 
-/// At most `max` bytes of a small file this node wrote: a file grown
-/// huge (or replaced by one) costs no more than that.
-fn read_at_most(path: &Path, max: u64) -> Option<String> {
+/// At most `max` bytes of a small file (this node's, or the kernel's): a
+/// file grown huge (or replaced by one) costs no more than that.
+pub fn read_at_most(path: &Path, max: u64) -> Option<String> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)

@@ -23,6 +23,10 @@ pub trait Device {
     fn timeout(&self) -> Duration;
     /// Stops the count and closes: no reset.
     fn close_disarmed(self) -> io::Result<()>;
+    /// Starts the count again from its timeout, for hardware that may
+    /// have forgotten it: a suspend to RAM powers the chipset down, and a
+    /// driver without resume hooks (i6300esb) leaves it disabled after.
+    fn rearm(&mut self) -> io::Result<()>;
 }
 
 /// `struct watchdog_info` of linux/watchdog.h.
@@ -39,7 +43,12 @@ const WDIOF_MAGICCLOSE: u32 = 0x0100;
 /// It takes a timeout.
 const WDIOF_SETTIMEOUT: u32 = 0x0080;
 
+/// `WDIOC_SETOPTIONS` values.
+const WDIOS_DISABLECARD: libc_int = 0x0001;
+const WDIOS_ENABLECARD: libc_int = 0x0002;
+
 nix::ioctl_read!(wdioc_getsupport, b'W', 0, WatchdogInfo);
+nix::ioctl_read!(wdioc_setoptions, b'W', 4, libc_int);
 nix::ioctl_read!(wdioc_keepalive, b'W', 5, libc_int);
 nix::ioctl_readwrite!(wdioc_settimeout, b'W', 6, libc_int);
 nix::ioctl_read!(wdioc_gettimeout, b'W', 7, libc_int);
@@ -55,6 +64,9 @@ pub enum OpenError {
     /// too) would stop it: it would not survive what it is for.
     NoMagicClose(PathBuf, String),
     NoTimeout(PathBuf, String),
+    /// Its driver runs with nowayout: even a magic close leaves it
+    /// counting, so a clean stop of its holder would reset the host.
+    NoWayOut(PathBuf),
     /// It counts longer than configured: peers would start too soon.
     Longer {
         path: PathBuf,
@@ -74,6 +86,11 @@ impl std::fmt::Display for OpenError {
                 p.display()
             ),
             OpenError::NoTimeout(p, id) => write!(f, "{} ({id}) takes no timeout", p.display()),
+            OpenError::NoWayOut(p) => write!(
+                f,
+                "{} has nowayout set (its driver's nowayout=1, or CONFIG_WATCHDOG_NOWAYOUT): no close can stop it, so a clean stop of berth-fence-watch would reset the host; load its driver with nowayout=0",
+                p.display()
+            ),
             OpenError::Longer { path, asked, got } => write!(
                 f,
                 "{} was asked for a timeout of {asked} s and counts {got} s: peers would take over too soon",
@@ -101,6 +118,11 @@ impl Hardware {
     /// timeout would pet it, and that earlier holder may have stopped
     /// petting on purpose. Its timeout is read and kept.
     pub fn open(path: &Path, timeout_s: u64, taking_over: bool) -> Result<Hardware, OpenError> {
+        // Asked before the open, which would start a count nothing could
+        // stop again.
+        if !taking_over && sysfs(path, "nowayout").is_some_and(|v| v.trim() == "1") {
+            return Err(OpenError::NoWayOut(path.to_path_buf()));
+        }
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
@@ -172,13 +194,18 @@ impl Hardware {
 /// (`/sys/class/watchdog/watchdogN/state`; `/dev/watchdog` is
 /// watchdog0). False when it cannot tell.
 pub fn counting(path: &Path) -> bool {
+    sysfs(path, "state").is_some_and(|s| s.trim() == "active")
+}
+
+/// An attribute of the device in `/sys/class/watchdog` (`/dev/watchdog`
+/// is watchdog0), short; `None` when it cannot be read.
+fn sysfs(path: &Path, attribute: &str) -> Option<String> {
     let name = match path.file_name().and_then(|n| n.to_str()) {
         Some("watchdog") => "watchdog0",
         Some(n) => n,
-        None => return false,
+        None => return None,
     };
-    std::fs::read_to_string(Path::new("/sys/class/watchdog").join(name).join("state"))
-        .is_ok_and(|s| s.trim() == "active")
+    crate::state::cluster::read_at_most(&Path::new("/sys/class/watchdog").join(name).join(attribute), 64)
 }
 
 impl Device for Hardware {
@@ -197,6 +224,28 @@ impl Device for Hardware {
     fn close_disarmed(mut self) -> io::Result<()> {
         self.file.write_all(b"V")
     }
+
+    fn rearm(&mut self) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        // Stopped and started again (the kernel calls the driver's stop
+        // and start: the enable bit is written anew), then given its
+        // timeout again, which a reset of the chipset dropped too.
+        for option in [WDIOS_DISABLECARD, WDIOS_ENABLECARD] {
+            let mut o = option;
+            // SAFETY: an int the kernel reads.
+            unsafe { wdioc_setoptions(fd, &mut o) }.map_err(io::Error::from)?;
+        }
+        let mut t = self.timeout.as_secs() as libc_int;
+        // SAFETY: an int the kernel reads and writes back.
+        unsafe { wdioc_settimeout(fd, &mut t) }.map_err(io::Error::from)?;
+        if t <= 0 || t as u64 > self.timeout.as_secs() {
+            return Err(io::Error::other(format!(
+                "asked for a timeout of {} s, it counts {t} s",
+                self.timeout.as_secs()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What was done to a [`Fake`].
@@ -205,6 +254,7 @@ pub enum Done {
     /// Petted at this time of the test's clock.
     Pet(Duration),
     ClosedDisarmed,
+    Rearmed(Duration),
 }
 
 /// A device for tests: records what was done to it, stamped with the
@@ -234,6 +284,15 @@ impl Device for Fake {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Done::ClosedDisarmed);
+        Ok(())
+    }
+
+    fn rearm(&mut self) -> io::Result<()> {
+        let at = (self.clock)();
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Done::Rearmed(at));
         Ok(())
     }
 }

@@ -19,6 +19,10 @@ pub type Looked = Result<Vec<(String, Unit)>, String>;
 pub trait World {
     /// CLOCK_BOOTTIME.
     fn now(&self) -> Duration;
+    /// How long the host has been suspended in this boot
+    /// (CLOCK_BOOTTIME − CLOCK_MONOTONIC): it grows only across a
+    /// suspend.
+    fn asleep(&self) -> Duration;
     /// The fence deadline the daemon last recorded.
     fn deadline(&self) -> Option<Duration>;
     /// Each HA workload's unit, asked of systemd within a bound.
@@ -50,6 +54,10 @@ pub enum End {
     Failed(String),
 }
 
+/// The least growth of the time asleep that counts as a suspend: the two
+/// clocks are read a few µs apart, and no suspend is this short.
+pub const RESUMED: Duration = Duration::from_millis(50);
+
 /// How often the device is petted: four times per timeout, so that a
 /// slow look or a late wake-up does not cost the host.
 pub fn pet_every(timeout: Duration) -> Duration {
@@ -65,8 +73,22 @@ pub fn hold<D: Device, W: World>(mut device: D, margin: Duration, world: &mut W)
     let mut starving: Option<Starve> = None;
     let mut disarmed = false;
     let mut said_held = false;
+    let mut asleep = world.asleep();
     loop {
         let began = world.now();
+        // A suspend to RAM may have left the hardware disabled (its
+        // driver has no resume hook), and a pet would not start it again.
+        let slept = world.asleep().saturating_sub(asleep);
+        asleep += slept;
+        if slept >= RESUMED {
+            if let Err(e) = device.rearm() {
+                return End::Failed(format!("re-arming it after a suspend failed: {e}"));
+            }
+            world.info(&format!(
+                "cluster: watchdog: the host slept {} ms: re-armed (timeout {timeout_s} s), as a suspend may have disabled it",
+                slept.as_millis()
+            ));
+        }
         let margin = world.margin().map_or(margin, |m| m.min(margin));
         if world.stop_asked() {
             if !disarmed {
@@ -176,11 +198,16 @@ mod tests {
         said: Vec<String>,
         /// Ends the test: a holder that never returns runs until then.
         until: Duration,
+        /// `asleep(now)`: the time the host spent suspended by then.
+        asleep: Box<dyn Fn(Duration) -> Duration>,
     }
 
     impl World for Sim {
         fn now(&self) -> Duration {
             *self.clock.lock().unwrap()
+        }
+        fn asleep(&self) -> Duration {
+            (self.asleep)(self.now())
         }
         fn deadline(&self) -> Option<Duration> {
             self.deadline
@@ -227,6 +254,7 @@ mod tests {
             margin_now: None,
             said: Vec::new(),
             until: 600 * S,
+            asleep: Box::new(|_| Duration::ZERO),
         }
     }
 
@@ -333,6 +361,9 @@ mod tests {
         impl World for Slow {
             fn now(&self) -> Duration {
                 self.0.now()
+            }
+            fn asleep(&self) -> Duration {
+                self.0.asleep()
             }
             fn deadline(&self) -> Option<Duration> {
                 self.0.deadline()
@@ -446,5 +477,62 @@ mod tests {
             "{:?}",
             s.said
         );
+    }
+
+    /// A suspend to RAM between two looks (30 s asleep, seen at the look
+    /// at 20 s): re-armed once, before that look's pet, and petted on.
+    #[test]
+    fn a_resume_rearms_the_device_before_petting_it() {
+        let mut s = sim(Some(1000 * S), |_| db(Unit::Up));
+        s.until = 40 * S;
+        s.asleep = Box::new(|now| if now >= 20 * S { 30 * S } else { Duration::ZERO });
+        let (d, log) = fake(&s);
+        let (_, s) = run(s, d);
+        let log = log.lock().unwrap();
+        let rearms: Vec<usize> = (0..log.len())
+            .filter(|i| matches!(log[*i], Done::Rearmed(_)))
+            .collect();
+        assert_eq!(rearms.len(), 1, "{log:?}");
+        assert_eq!(log[rearms[0]], Done::Rearmed(20 * S));
+        assert_eq!(log[rearms[0] + 1], Done::Pet(20 * S), "petted right after");
+        assert!(
+            s.said.iter().any(|t| t.contains("slept 30000 ms: re-armed")),
+            "{:?}",
+            s.said
+        );
+    }
+
+    /// The two clocks read apart by less than a suspend could take: no
+    /// re-arm, however often.
+    #[test]
+    fn clock_jitter_is_no_resume() {
+        let mut s = sim(Some(1000 * S), |_| db(Unit::Up));
+        s.until = 60 * S;
+        // 10 ms more at every look (2.5 s apart).
+        s.asleep = Box::new(|now| now / 250);
+        let (d, log) = fake(&s);
+        let _ = run(s, d);
+        assert!(
+            !log.lock().unwrap().iter().any(|d| matches!(d, Done::Rearmed(_))),
+            "re-armed on jitter"
+        );
+    }
+
+    /// A resume while starving re-arms too, and the starving goes on: the
+    /// reset is only put off by one timeout from the resume.
+    #[test]
+    fn a_resume_while_starving_rearms_and_stays_unpetted() {
+        let mut s = sim(Some(20 * S), |_| db(Unit::Up));
+        s.until = 60 * S;
+        s.asleep = Box::new(|now| if now >= 40 * S { 15 * S } else { Duration::ZERO });
+        let (d, log) = fake(&s);
+        let _ = run(s, d);
+        let last = last_pet(&log).unwrap();
+        let log = log.lock().unwrap();
+        assert!(
+            log.iter().any(|d| matches!(d, Done::Rearmed(t) if *t >= 40 * S)),
+            "{log:?}"
+        );
+        assert!(last < 24 * S, "no pet once the lease expired: {log:?}");
     }
 }

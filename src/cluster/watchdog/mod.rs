@@ -139,7 +139,8 @@ pub fn may_close(ha: &[(&str, Unit)]) -> Result<(), String> {
     if up.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} still run here", up.join(", ")))
+        let verb = if up.len() == 1 { "runs" } else { "run" };
+        Err(format!("{} still {verb} here", up.join(", ")))
     }
 }
 
