@@ -20,6 +20,7 @@
 #   pauses with it; the double run it leaves is measured.
 # - A clean stop of the daemon and fence-watch with no HA workload
 #   running here: closed without a reset.
+# - A device whose driver has nowayout set: refused, never opened.
 # Times are the host's (QMP's events, the container's log, the moment a
 # line of the guest's db log reaches the host): the guest's clock is not
 # trusted.
@@ -199,3 +200,17 @@ check_contains "a clean stop with nothing running here closes the watchdog" \
     "$(on n1 journalctl -b -u berth-fence-watch.service -o cat --no-pager)"
 sleep $((WD + 5))
 check_eq "... and no reset follows ($((WD + 5)) s on)" "" "$(resets_after "$t0")"
+
+# A driver with nowayout set (writable in sysfs; only 1 sticks): no close
+# could stop the device again, so a clean stop would reset the host.
+# fence-watch refuses it before opening it.
+t0=$(date +%s.%N)
+on n1 'echo 1 >/sys/class/watchdog/watchdog0/nowayout'
+check_eq "nowayout is set on the guest's device" 1 "$(on n1 cat /sys/class/watchdog/watchdog0/nowayout)"
+on n1 systemctl start berth-fence-watch.service
+refused() { on n1 journalctl -b -u berth-fence-watch.service -o cat --no-pager | grep -q "watchdog0 has nowayout set"; }
+check "fence-watch refuses a device with nowayout set" wait_for 10 refused
+check_eq "... holds nothing (no armed file)" none "$(on n1 'test -e /run/berthd/watchdog-armed && echo armed || echo none')"
+check_eq "... and never opened it (inactive)" inactive "$(on n1 cat /sys/class/watchdog/watchdog0/state)"
+sleep $((WD + 3))
+check_eq "... so no reset follows ($((WD + 3)) s on)" "" "$(resets_after "$t0")"
