@@ -39,35 +39,66 @@ where
     }
 }
 
+/// How a stop asked by install or uninstall ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// It was down already: nothing asked.
+    WasDown,
+    Down,
+    /// Its stop job is still under way after the wait.
+    Stopping,
+}
+
 /// Stops `unit` and waits until it is really down: no job pending, and
-/// inactive or failed.
+/// inactive or failed. A unit still stopping after [`UNIT_WAIT`] fails the
+/// step.
 pub(super) async fn stop_and_wait<O: Ops>(
     sd: &O,
     report: &mut Report,
     unit: &str,
     step: Step,
 ) -> Result<bool, Error> {
-    let d = retrying(report, step, || sd.details(unit)).await?;
-    if d.active_state.is_down() && d.job_id == 0 {
-        return Ok(false);
-    }
-    let stop = retrying(report, step, || sd.stop(unit)).await?;
-    sd.wait(&stop, Some(UNIT_WAIT)).await;
-    let started = Instant::now();
-    loop {
-        let d = retrying(report, step, || sd.details(unit)).await?;
-        let (state, job) = (d.active_state, d.job_id);
-        if state.is_down() && job == 0 {
-            return Ok(true);
-        }
-        if started.elapsed() > UNIT_WAIT {
-            return Err(fail(
+    match stop_within(sd, report, unit, step, UNIT_WAIT).await? {
+        Stopped::WasDown => Ok(false),
+        Stopped::Down => Ok(true),
+        Stopped::Stopping => {
+            let d = retrying(report, step, || sd.details(unit)).await?;
+            Err(fail(
                 step,
                 format!(
-                    "{unit} is still {state} (job {job}) after {} s",
+                    "{unit} is still {} (job {}) after {} s",
+                    d.active_state,
+                    d.job_id,
                     UNIT_WAIT.as_secs()
                 ),
-            ));
+            ))
+        }
+    }
+}
+
+/// Stops `unit` and waits up to `limit` for it to be down; a stop still
+/// under way then is left queued.
+pub(super) async fn stop_within<O: Ops>(
+    sd: &O,
+    report: &mut Report,
+    unit: &str,
+    step: Step,
+    limit: Duration,
+) -> Result<Stopped, Error> {
+    let d = retrying(report, step, || sd.details(unit)).await?;
+    if d.active_state.is_down() && d.job_id == 0 {
+        return Ok(Stopped::WasDown);
+    }
+    let started = Instant::now();
+    let stop = retrying(report, step, || sd.stop(unit)).await?;
+    sd.wait(&stop, Some(limit)).await;
+    loop {
+        let d = retrying(report, step, || sd.details(unit)).await?;
+        if d.active_state.is_down() && d.job_id == 0 {
+            return Ok(Stopped::Down);
+        }
+        if started.elapsed() > limit {
+            return Ok(Stopped::Stopping);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -201,5 +232,42 @@ mod tests {
         }));
         assert_eq!(calls.get(), 1);
         assert!(r.unwrap_err().reason.contains("AccessDenied"));
+    }
+
+    /// A stop that outlasts the wait is left queued and said so; one
+    /// within it is down; a unit down already is not asked.
+    #[test]
+    fn a_stop_is_waited_for_up_to_its_limit() {
+        use crate::systemd::fake::{Behaviour, FakeOps};
+        let rt = crate::systemd::runtime().unwrap();
+        let ops = FakeOps::default()
+            .unit("held", true, Behaviour::Takes(Duration::from_secs(3)))
+            .unit("quick", true, Behaviour::Takes(Duration::from_millis(50)))
+            .unit("down", false, Behaviour::Takes(Duration::ZERO));
+        let mut report = Report::default();
+        let within = |name: &str, limit| {
+            let unit = crate::names::unit_name(name);
+            rt.block_on(stop_within(
+                &ops,
+                &mut Report::default(),
+                &unit,
+                Step::Stop,
+                limit,
+            ))
+            .unwrap()
+        };
+        let began = Instant::now();
+        assert_eq!(within("held", Duration::from_millis(300)), Stopped::Stopping);
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "waited {:?}",
+            began.elapsed()
+        );
+        assert_eq!(within("quick", Duration::from_secs(2)), Stopped::Down);
+        assert_eq!(within("down", Duration::from_secs(2)), Stopped::WasDown);
+        assert!(
+            !rt.block_on(stop_and_wait(&ops, &mut report, "down.service", Step::Stop))
+                .unwrap()
+        );
     }
 }

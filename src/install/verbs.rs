@@ -5,10 +5,11 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::files::{self, FileContent, Removal, fingerprint_of};
 use super::layout::{Layout, generated_files, packaged_unit, planned_files, user_generator_installed};
-use super::steps::{UNIT_WAIT, is_enabled, retrying, stop_and_wait, verify};
+use super::steps::{Stopped, UNIT_WAIT, is_enabled, retrying, stop_and_wait, stop_within, verify};
 use super::{Error, Report, Step, fail};
 use crate::config;
 use crate::names::{AUTOSTART, DAEMON, FENCE_WATCH, TARGET};
@@ -298,7 +299,11 @@ pub async fn uninstall(root: &Root, purge: bool) -> Result<Report, Error> {
     // alone when the target already ran before install and no file goes.
     if manifest.started_target || !manifest.files.is_empty() {
         for unit in [DAEMON, FENCE_WATCH, AUTOSTART, TARGET] {
-            if stop_and_wait(&sd, &mut report, unit, Step::Stop).await? {
+            if unit == FENCE_WATCH
+                && let Some(device) = held_watchdog(root)
+            {
+                stop_fence_watch(&sd, &mut report, &device).await?;
+            } else if stop_and_wait(&sd, &mut report, unit, Step::Stop).await? {
                 report.say(format!("stopped {unit}"));
             }
         }
@@ -460,6 +465,30 @@ pub fn render_per_user(root: &Root) -> Result<Report, Error> {
         }
     }
     Ok(report)
+}
+
+/// The watchdog device berth.toml gives fence-watch, if any.
+fn held_watchdog(root: &Root) -> Option<PathBuf> {
+    config::load(root).host.cluster?.watchdog.map(|w| w.device)
+}
+
+/// How long uninstall waits for fence-watch when it holds a watchdog.
+const HELD_WAIT: Duration = Duration::from_secs(5);
+
+/// fence-watch holding a watchdog closes it only once every HA workload
+/// here is down, and uninstall stops none: with one running, its stop
+/// stays queued (the fence stops them when the daemon's maintenance grace
+/// ends, then the device is closed without a reset). Said, not failed.
+async fn stop_fence_watch<O: Ops>(sd: &O, report: &mut Report, device: &Path) -> Result<(), Error> {
+    match stop_within(sd, report, FENCE_WATCH, Step::Stop, HELD_WAIT).await? {
+        Stopped::WasDown => {}
+        Stopped::Down => report.say(format!("stopped {FENCE_WATCH}")),
+        Stopped::Stopping => report.warn(format!(
+            "{FENCE_WATCH} is stopping but holds {} while an HA workload runs here; it closes it without a reset once they are down (the fence stops them when the maintenance grace ends)",
+            device.display()
+        )),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
