@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# harness-job: class=exclusive minutes=3.5
+# harness-job: class=exclusive minutes=4.5
 # The watchdog-backed fence, with a real reset. n1 is a QEMU guest (TCG)
 # booting the suite's root with systemd and berth and an emulated
 # i6300esb, `watchdog = "/dev/watchdog0"` with a timeout of WD s; n2 is a
@@ -16,6 +16,9 @@
 #   sleep on a disk QEMU throttles to a byte a second, and n1 cut off from
 #   etcd): the guest resets once the lease has expired, and n2 starts db
 #   only after the reset, well before db's stop bound.
+# - The same stuck stop with n1's daemon stopped (in maintenance): its
+#   fence timer and fence-watch's backstop cannot end db; the guest
+#   resets at the maintenance lease's end, and n2 starts db after.
 # - A pause of the whole guest (QMP stop) for twice the TTL: its watchdog
 #   pauses with it; the double run it leaves is measured.
 # - A clean stop of the daemon and fence-watch with no HA workload
@@ -152,18 +155,25 @@ check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 2
 # A stop that cannot finish: a task of db's reads a disk QEMU serves at a
 # byte a second (its first read passes, the next waits an hour), in
 # uninterruptible sleep, which SIGKILL does not end.
-vm_qmp block_set_io_throttle '{"id": "/machine/peripheral/stalldev/virtio-backend", "bps": 1, "bps_rd": 0, "bps_wr": 0, "iops": 0, "iops_rd": 0, "iops_wr": 0}' >/dev/null
-# The root has no udev: the disk is found by its serial in sysfs.
-on n1 'for d in /sys/block/vd*; do [ "$(cat $d/serial)" = stall ] && disk=/dev/${d##*/}; done
-cg=$(systemctl show -P ControlGroup berth@db.service)
-sh -c "echo \$\$ >/sys/fs/cgroup$cg/cgroup.procs; exec dd if=$disk of=/dev/null bs=4096 count=64 iflag=direct" >/dev/null 2>&1 &'
+throttle() {
+    vm_qmp block_set_io_throttle "{\"id\": \"/machine/peripheral/stalldev/virtio-backend\", \"bps\": $1, \"bps_rd\": 0, \"bps_wr\": 0, \"iops\": 0, \"iops_rd\": 0, \"iops_wr\": 0}" >/dev/null
+}
 # (The root has no procps: /proc read directly.)
 stalled() { on n1 'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = dd ] && cut -d" " -f3 $p/stat; done; true' | grep -qx D; }
-check "a task of db is in uninterruptible sleep" wait_for 20 stalled
+stall_db() {
+    throttle 1
+    # The root has no udev: the disk is found by its serial in sysfs.
+    on n1 'for d in /sys/block/vd*; do [ "$(cat $d/serial)" = stall ] && disk=/dev/${d##*/}; done
+cg=$(systemctl show -P ControlGroup berth@db.service)
+sh -c "echo \$\$ >/sys/fs/cgroup$cg/cgroup.procs; exec dd if=$disk of=/dev/null bs=4096 count=64 iflag=direct" >/dev/null 2>&1 &'
+    check "a task of db is in uninterruptible sleep" wait_for 20 stalled
+}
+stall_db
 on_reset() {
-    vm_qmp block_set_io_throttle '{"id": "/machine/peripheral/stalldev/virtio-backend", "bps": 0, "bps_rd": 0, "bps_wr": 0, "iops": 0, "iops_rd": 0, "iops_wr": 0}' >/dev/null
+    throttle 0
     kill -CONT "${RELAY_PID[n1]}"
 }
+console_from=$(stat -c %s "$VM_DIR/console.log")
 t0=$(date +%s.%N)
 kill -STOP "${RELAY_PID[n1]}"
 takeover "$t0" "db's stop stuck, n1 cut off"
@@ -171,18 +181,40 @@ unset -f on_reset
 check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
 check_contains "... and its console, before the reset, says why it stopped petting" \
     "cluster: watchdog: not petting it: the lease has expired and db still runs here" \
-    "$(cat "$VM_DIR/console.log")"
+    "$(tail -c +$((console_from + 1)) "$VM_DIR/console.log")"
+check "n1 rejoins" wait_for 60 says_more n1 'cluster: joined as n1' 0
+
+# A stopped daemon whose fence cannot run: n1's daemon stopped (its keys
+# on the maintenance lease, GRACE s), and db's stop stuck as above, so
+# neither berth-fence.timer nor fence-watch's backstop ends db. At the
+# maintenance lease's end fence-watch stops petting, the guest resets,
+# and n2 starts db only after the reset.
+on n2 berth drain >/dev/null
+check "n1 takes db back" wait_for 60 is_running_on n1 n1
+on n2 systemctl restart berth-daemon.service
+check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 3
+stall_db
+on_reset() { throttle 0; }
+console_from=$(stat -c %s "$VM_DIR/console.log")
+t0=$(date +%s.%N)
+on n1 systemctl stop berth-daemon.service
+takeover "$t0" "daemon stopped, db's stop stuck"
+unset -f on_reset
+check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
+check_contains "... and its console, in that boot, says the fence did not end db by the lease's end" \
+    "cluster: watchdog: not petting it: the lease has expired and db still runs here" \
+    "$(tail -c +$((console_from + 1)) "$VM_DIR/console.log")"
 check "n1 rejoins" wait_for 60 says_more n1 'cluster: joined as n1' 0
 
 # A paused guest: QEMU stops the whole VM for twice the TTL. Its emulated
 # watchdog and its clocks stop with it, so nothing in it can fence it:
 # this measures the window that leaves (docs: berth.toml(5), The limit).
-# n2's start and n1's stop are both on the host's clock: n1's log is a
-# file on a host share, and the host sees its stop line as it lands.
+# n2's start and n1's stop are both on the host's clock: the host sees
+# each line of n1's db log as it lands.
 on n2 berth drain >/dev/null
 check "n1 takes db back" wait_for 60 is_running_on n1 n1
 on n2 systemctl restart berth-daemon.service
-check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 3
+check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 4
 read -r paused resumed n1_stopped < <(vm_pause $((2 * TTL)))
 check "a guest paused for $((2 * TTL)) s stops db once resumed" test "$n1_stopped" != 0
 check "... and n2 takes db" wait_for $((TTL + WAIT + 30)) is_running_on n2 n2
