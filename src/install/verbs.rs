@@ -467,9 +467,12 @@ pub fn render_per_user(root: &Root) -> Result<Report, Error> {
     Ok(report)
 }
 
-/// The watchdog device berth.toml gives fence-watch, if any.
+/// The watchdog device fence-watch holds (its armed file), or the one
+/// berth.toml gives it, if any.
 fn held_watchdog(root: &Root) -> Option<PathBuf> {
-    config::load(root).host.cluster?.watchdog.map(|w| w.device)
+    crate::state::cluster::read_armed(&root.runtime_dir())
+        .map(|(device, _)| device)
+        .or_else(|| config::load(root).host.cluster?.watchdog.map(|w| w.device))
 }
 
 /// How long uninstall waits for fence-watch when it holds a watchdog.

@@ -230,11 +230,22 @@ impl Device for Hardware {
         // Stopped and started again (the kernel calls the driver's stop
         // and start: the enable bit is written anew), then given its
         // timeout again, which a reset of the chipset dropped too.
-        for option in [WDIOS_DISABLECARD, WDIOS_ENABLECARD] {
+        let set = |option: libc_int| {
             let mut o = option;
             // SAFETY: an int the kernel reads.
-            unsafe { wdioc_setoptions(fd, &mut o) }.map_err(io::Error::from)?;
+            unsafe { wdioc_setoptions(fd, &mut o) }.map(|_| ())
+        };
+        set(WDIOS_DISABLECARD).map_err(io::Error::from)?;
+        // Stopped now: started again whatever it takes, or said plainly.
+        let mut started = set(WDIOS_ENABLECARD);
+        for _ in 0..3 {
+            if started.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            started = set(WDIOS_ENABLECARD);
         }
+        started.map_err(|e| io::Error::other(format!("{e}; it is stopped: nothing resets this host now")))?;
         let mut t = self.timeout.as_secs() as libc_int;
         // SAFETY: an int the kernel reads and writes back.
         unsafe { wdioc_settimeout(fd, &mut t) }.map_err(io::Error::from)?;

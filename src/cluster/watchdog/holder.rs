@@ -518,8 +518,9 @@ mod tests {
         );
     }
 
-    /// A resume while starving re-arms too, and the starving goes on: the
-    /// reset is only put off by one timeout from the resume.
+    /// A resume while starving re-arms too (starting the count again: the
+    /// reset comes one timeout after the resume, as from a device that
+    /// slept with the host), and the starving goes on: no pet after.
     #[test]
     fn a_resume_while_starving_rearms_and_stays_unpetted() {
         let mut s = sim(Some(20 * S), |_| db(Unit::Up));
