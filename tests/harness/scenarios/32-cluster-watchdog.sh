@@ -85,6 +85,24 @@ check_contains "berth status on n2 tells the watchdog's wait from a stop bound" 
     "owner of db: n1 (lease $(lease_of /berth/nodes/n1 | xargs printf '%x'), takeover wait $WAIT s: its watchdog's timeout + 3 s" \
     "$(on n2 berth status)"
 
+# db_back_to_n1 N: n2 drains (it releases db, n1 takes it), then its
+# daemon restarts and it rejoins (its joins in this boot were N).
+db_back_to_n1() {
+    on n2 berth drain >/dev/null
+    check "n1 takes db back" wait_for 60 is_running_on n1 n1
+    on n2 systemctl restart berth-daemon.service
+    check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' "$1"
+}
+# back_after_reset SINCE: the guest boots again, its console since byte
+# SINCE (this case's) says why it stopped petting, and n1 rejoins.
+back_after_reset() {
+    check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
+    check_contains "... and its console, before the reset, says why it stopped petting" \
+        "cluster: watchdog: not petting it: the lease has expired and db still runs here" \
+        "$(tail -c +$(($1 + 1)) "$VM_DIR/console.log")"
+    check "n1 rejoins" wait_for 60 says_more n1 'cluster: joined as n1' 0
+}
+
 # resets_after T: the host time of the first WATCHDOG event after T.
 resets_after() { vm_events WATCHDOG | awk -v t="$1" '$1 > t { print; exit }'; }
 reset_after() { [ -n "$(resets_after "$1")" ]; }
@@ -133,12 +151,10 @@ check "fence-watch re-armed the watchdog after the wake-up" grep -q "cluster: wa
 check_eq "... and no reset came" "" "$(resets_after "$t0")"
 on n1 systemctl start berth-daemon.service
 check "n1's daemon joins again" wait_for 60 says_more n1 'cluster: joined as n1' 1
-on n2 berth drain >/dev/null
-check "n1 takes db back" wait_for 60 is_running_on n1 n1
-on n2 systemctl restart berth-daemon.service
-check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 1
+db_back_to_n1 1
 
-# A frozen holder: nothing pets the device.
+# A frozen holder, in the boot the suspend re-armed: nothing pets the
+# device.
 t0=$(date +%s.%N)
 on n1 'kill -STOP $(systemctl show -P MainPID berth-fence-watch.service)'
 takeover "$t0" "fence-watch frozen"
@@ -146,11 +162,7 @@ check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
 check "... rejoins and leaves db to n2" wait_for 60 says_more n1 'cluster: joined as n1' 0
 check_eq "db runs on n2 only" "n2 n2" "$(running_on) $(owner)"
 
-# db back to n1: n2 drains (it releases db, n1 takes it), then rejoins.
-on n2 berth drain >/dev/null
-check "n1 takes db back" wait_for 60 is_running_on n1 n1
-on n2 systemctl restart berth-daemon.service
-check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 2
+db_back_to_n1 2
 
 # A stop that cannot finish: a task of db's reads a disk QEMU serves at a
 # byte a second (its first read passes, the next waits an hour), in
@@ -178,21 +190,14 @@ t0=$(date +%s.%N)
 kill -STOP "${RELAY_PID[n1]}"
 takeover "$t0" "db's stop stuck, n1 cut off"
 unset -f on_reset
-check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
-check_contains "... and its console, before the reset, says why it stopped petting" \
-    "cluster: watchdog: not petting it: the lease has expired and db still runs here" \
-    "$(tail -c +$((console_from + 1)) "$VM_DIR/console.log")"
-check "n1 rejoins" wait_for 60 says_more n1 'cluster: joined as n1' 0
+back_after_reset "$console_from"
 
 # A stopped daemon whose fence cannot run: n1's daemon stopped (its keys
 # on the maintenance lease, GRACE s), and db's stop stuck as above, so
 # neither berth-fence.timer nor fence-watch's backstop ends db. At the
 # maintenance lease's end fence-watch stops petting, the guest resets,
 # and n2 starts db only after the reset.
-on n2 berth drain >/dev/null
-check "n1 takes db back" wait_for 60 is_running_on n1 n1
-on n2 systemctl restart berth-daemon.service
-check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 3
+db_back_to_n1 3
 stall_db
 on_reset() { throttle 0; }
 console_from=$(stat -c %s "$VM_DIR/console.log")
@@ -200,21 +205,14 @@ t0=$(date +%s.%N)
 on n1 systemctl stop berth-daemon.service
 takeover "$t0" "daemon stopped, db's stop stuck"
 unset -f on_reset
-check "the guest boots again" vm_wait_up "$BOOT_TIMEOUT_VM"
-check_contains "... and its console, in that boot, says the fence did not end db by the lease's end" \
-    "cluster: watchdog: not petting it: the lease has expired and db still runs here" \
-    "$(tail -c +$((console_from + 1)) "$VM_DIR/console.log")"
-check "n1 rejoins" wait_for 60 says_more n1 'cluster: joined as n1' 0
+back_after_reset "$console_from"
 
 # A paused guest: QEMU stops the whole VM for twice the TTL. Its emulated
 # watchdog and its clocks stop with it, so nothing in it can fence it:
 # this measures the window that leaves (docs: berth.toml(5), The limit).
 # n2's start and n1's stop are both on the host's clock: the host sees
 # each line of n1's db log as it lands.
-on n2 berth drain >/dev/null
-check "n1 takes db back" wait_for 60 is_running_on n1 n1
-on n2 systemctl restart berth-daemon.service
-check "... and n2 rejoins" wait_for 60 says_more n2 'cluster: joined as n2' 4
+db_back_to_n1 4
 read -r paused resumed n1_stopped < <(vm_pause $((2 * TTL)))
 check "a guest paused for $((2 * TTL)) s stops db once resumed" test "$n1_stopped" != 0
 check "... and n2 takes db" wait_for $((TTL + WAIT + 30)) is_running_on n2 n2
