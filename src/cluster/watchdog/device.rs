@@ -276,14 +276,16 @@ pub struct Fake {
     pub clock: Box<dyn Fn() -> Duration + Send>,
 }
 
+impl Fake {
+    fn record(&self, done: Done) -> io::Result<()> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(done);
+        Ok(())
+    }
+}
+
 impl Device for Fake {
     fn pet(&mut self) -> io::Result<()> {
-        let at = (self.clock)();
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Done::Pet(at));
-        Ok(())
+        self.record(Done::Pet((self.clock)()))
     }
 
     fn timeout(&self) -> Duration {
@@ -291,19 +293,10 @@ impl Device for Fake {
     }
 
     fn close_disarmed(self) -> io::Result<()> {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Done::ClosedDisarmed);
-        Ok(())
+        self.record(Done::ClosedDisarmed)
     }
 
     fn rearm(&mut self) -> io::Result<()> {
-        let at = (self.clock)();
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Done::Rearmed(at));
-        Ok(())
+        self.record(Done::Rearmed((self.clock)()))
     }
 }
