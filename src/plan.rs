@@ -143,6 +143,7 @@ mod tests {
             group: None,
             service: vec![],
             ha: None,
+            restart: Some(Default::default()),
         }
     }
 

@@ -168,6 +168,8 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
     for u in &w.wants {
         let _ = writeln!(unit_lines, "Wants={u}");
     }
+    let (restart_unit, restart_service) = restart_lines(w);
+    unit_lines.push_str(&restart_unit);
 
     let guest;
     let (exec, stop_exec) = match &w.kind {
@@ -191,7 +193,7 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
                     ("unit_lines", &unit_lines),
                     (
                         "service_lines",
-                        &format!("{}{}", owner_guard(w), stop_and_passthrough(w)),
+                        &format!("{}{restart_service}{}", owner_guard(w), stop_and_passthrough(w)),
                     ),
                 ],
             );
@@ -236,6 +238,7 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
             environment_assignment(name, value)
         );
     }
+    service_lines.push_str(&restart_service);
     service_lines.push_str(&stop_and_passthrough(w));
 
     fill(
@@ -246,6 +249,29 @@ pub fn workload_drop_in(root: &Root, w: &Workload) -> String {
             ("exec", &exec_line(exec)),
             ("service_lines", &service_lines),
         ],
+    )
+}
+
+/// The workload's `restart` as systemd's own settings: `[Unit]` lines
+/// (the start limit) and `[Service]` lines. Nothing for `restart = "no"`
+/// of a unit berth defines (the template says Restart=no); an existing
+/// unit whose file names `restart` gets it whatever it is, over its own.
+fn restart_lines(w: &Workload) -> (String, String) {
+    let Some(p) = w.restart else {
+        return (String::new(), String::new());
+    };
+    if !p.restarts() {
+        return match w.kind {
+            WorkloadKind::Existing { .. } => (String::new(), "Restart=no\n".to_string()),
+            _ => (String::new(), String::new()),
+        };
+    }
+    (
+        format!(
+            "StartLimitIntervalSec={}\nStartLimitBurst={}\n",
+            p.limit_interval_s, p.limit_burst
+        ),
+        format!("Restart={}\nRestartSec={}\n", p.restart.as_str(), p.delay_s),
     )
 }
 

@@ -68,6 +68,7 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
                 "stop_delay_s": w.stop_delay_s,
                 "force_off_on_timeout": w.force_off_on_timeout,
                 "ha_nodes": w.ha.as_ref().map(|h| &h.nodes),
+                "restart": w.restart,
             })
         })
         .collect();
@@ -221,6 +222,15 @@ fn freeze_report(root: &Root, loaded: &Loaded) -> String {
 }
 
 /// What `berth check` prints: problems per file, or the units in short.
+/// What `restart` means for the drain, said once when a workload restarts.
+const RESTART_AND_THE_DRAIN: &str = "\
+restart: systemd restarts a workload only after its own exit, never after a stop job: the drain's stop (and \
+one it sends to a workload waiting for its restart) ends it for good. At a shutdown systemd restarts no \
+workload (the restart would start units the shutdown stops: it refuses that transaction), so one that \
+crashes then stays failed; during a `berth drain` by hand it is restarted and stopped in its turn. One that \
+reached its start limit stays failed: the drain finds it off, the autostart of the next boot starts it again, \
+and `systemctl reset-failed UNIT` lets systemd restart it before then\n";
+
 pub fn check_report(loaded: &Loaded) -> String {
     let mut out = String::new();
     if !loaded.is_clean() {
@@ -326,8 +336,12 @@ pub fn check_report(loaded: &Loaded) -> String {
                     format!(" [ready at READY=1, then when {} succeeds]", probe[0])
                 }
             };
+            let restart = match &w.restart {
+                Some(p) if p.restarts() => format!(" — restart: {}", p.describe()),
+                _ => String::new(),
+            };
             out.push_str(&format!(
-                "  {} ({}){}{ha}{}{}: {} — stop: {}\n",
+                "  {} ({}){}{ha}{}{}: {} — stop: {}{restart}\n",
                 w.unit_name(),
                 w.source.display(),
                 match w.autostart {
@@ -348,6 +362,13 @@ pub fn check_report(loaded: &Loaded) -> String {
     }
     for m in &loaded.masked {
         out.push_str(&format!("masked: {m}\n"));
+    }
+    if loaded
+        .workloads
+        .iter()
+        .any(|w| w.restart.is_some_and(|p| p.restarts()))
+    {
+        out.push_str(RESTART_AND_THE_DRAIN);
     }
     if !loaded.workloads.is_empty() {
         out.push_str(&format!(

@@ -7,6 +7,7 @@ use toml::Table;
 use super::checks::{Autostart, MAX_DELAY_S, check_unit_list};
 use super::cluster::{self, ClusterSettings};
 use super::read::{Origin, Reader, merge, parse_file};
+use super::restart::{self, RestartPolicy};
 use super::{ConfigError, Manager};
 use crate::paths::Root;
 
@@ -20,6 +21,9 @@ pub struct HostSettings {
     pub default_stop_delay_s: u64,
     /// A workload's `autostart` when it does not say.
     pub default_autostart: Autostart,
+    /// A workload's `restart`, its delay and start limit when it does not
+    /// say (`default_restart`, …).
+    pub default_restart: RestartPolicy,
     /// Units the drain must run before on shutdown (they stay up until the
     /// drain is done).
     pub drain_after: Vec<String>,
@@ -55,6 +59,7 @@ impl Default for HostSettings {
             drain_deadline_s: 180,
             default_stop_delay_s: 60,
             default_autostart: Autostart::Yes,
+            default_restart: RestartPolicy::default(),
             drain_after: Vec::new(),
             daemon: DaemonSettings::default(),
             cluster: None,
@@ -96,6 +101,10 @@ const HOST_KEYS: &[&str] = &[
     "drain_deadline_s",
     "default_stop_delay_s",
     "default_autostart",
+    "default_restart",
+    "default_restart_delay_s",
+    "default_start_limit_interval_s",
+    "default_start_limit_burst",
     "drain_after",
     "daemon",
     "cluster",
@@ -153,6 +162,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         MAX_DELAY_S,
     ) as u64;
     let default_autostart = r.autostart("default_autostart", d.default_autostart);
+    let default_restart = restart::read(&mut r, "default_", d.default_restart);
 
     let mut drain_deadline_s = r.int("drain_deadline_s", d.drain_deadline_s as i64, 1, i64::MAX) as u64;
     if let Err(reason) = check_drain_deadline(drain_deadline_s, manager) {
@@ -240,6 +250,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         drain_deadline_s,
         default_stop_delay_s,
         default_autostart,
+        default_restart,
         drain_after,
         daemon,
         cluster,

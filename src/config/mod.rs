@@ -12,6 +12,7 @@ mod error;
 pub mod host;
 mod passthrough;
 mod read;
+pub mod restart;
 mod source;
 mod workload;
 
@@ -20,6 +21,7 @@ pub use cluster::{ClusterSettings, Watchdog};
 pub use error::{ConfigError, is_representable, shown_path};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
+pub use restart::{Restart, RestartPolicy};
 pub use source::Discovered;
 pub use workload::{Autostart, HaPolicy, Readiness, StopAction, Workload, WorkloadKind};
 

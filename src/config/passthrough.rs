@@ -340,7 +340,9 @@ const REFUSED: &[(&[&str], &str)] = &[
             "StartLimitBurst",
             "StartLimitAction",
         ],
-        "berth never restarts a workload behind the admin's back: a restart by systemd would race the drain at shutdown and undo a deliberate stop",
+        "a workload's restart is set by its keys restart, restart_delay_s, start_limit_interval_s and \
+         start_limit_burst (berth.toml(5)); exit-status lists and StartLimitAction= (a reboot or power-off at \
+         the limit) are not offered",
     ),
     (
         &[
@@ -1161,7 +1163,11 @@ mod tests {
     #[test]
     fn lifecycle_settings_are_refused_with_a_reason() {
         for (key, value, reason) in [
-            ("Restart", "\"always\"", "service.Restart: berth never restarts"),
+            (
+                "Restart",
+                "\"always\"",
+                "service.Restart: a workload's restart is set by its keys",
+            ),
             ("Slice", "\"x.slice\"", "placement and dependencies"),
             ("ExecStop", "\"/bin/x\"", "stop_exec"),
             ("WorkingDirectory", "\"/srv\"", "implicit Requires="),

@@ -10,6 +10,7 @@ use super::checks::{MAX_DELAY_S, SHUTDOWN_AND_MODE_UNITS, check_unit_list, is_va
 use super::host::HostSettings;
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file, parse_text};
+use super::restart::{self, RestartPolicy};
 use super::{ConfigError, Manager};
 use crate::names::{PACKAGED_UNITS, instance_of, unit_name};
 
@@ -124,6 +125,10 @@ pub struct Workload {
     pub ha: Option<HaPolicy>,
     /// `[service]` pass-through, validated, in key order.
     pub service: Vec<ServiceSetting>,
+    /// Resolved: the workload's own or the host default. None for an
+    /// existing unit whose file sets none of the restart keys: it keeps
+    /// its own `Restart=`.
+    pub restart: Option<RestartPolicy>,
 }
 
 impl Workload {
@@ -243,6 +248,10 @@ const WORKLOAD_KEYS: &[&str] = &[
     "service",
     "ha",
     "nodes",
+    "restart",
+    "restart_delay_s",
+    "start_limit_interval_s",
+    "start_limit_burst",
 ];
 
 pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
@@ -274,7 +283,7 @@ fn from_table(
     let libvirt = r.opt_text("libvirt");
     if let Some(domain) = libvirt {
         let kind = libvirt_kind(&mut r, domain, host);
-        return finish(name, path, r, errors, kind, host);
+        return finish(name, path, r, errors, kind, host, true);
     }
     let unit = r.opt_text("unit");
     let kind = match (r.take("exec"), unit) {
@@ -315,7 +324,7 @@ fn from_table(
         }
     };
 
-    finish(name, path, r, errors, kind, host)
+    finish(name, path, r, errors, kind, host, restart::any_set(table))
 }
 
 /// The keys every kind shares, and the workload.
@@ -326,6 +335,7 @@ fn finish(
     mut errors: Vec<ConfigError>,
     kind: Option<WorkloadKind>,
     host: &HostSettings,
+    restart_set: bool,
 ) -> Result<Workload, Vec<ConfigError>> {
     let description = description(&mut r);
     let autostart = r.autostart("autostart", host.default_autostart);
@@ -344,6 +354,11 @@ fn finish(
         service = passthrough::validate(t, path, &mut r.errors);
     }
     let ha = ha_policy(&mut r, host, force_off_on_timeout);
+    let restart = restart::read(&mut r, "", host.default_restart);
+    let restart = match &kind {
+        Some(WorkloadKind::Existing { .. }) if !restart_set => None,
+        _ => Some(restart),
+    };
     if let Some(WorkloadKind::Command { exec, stop_exec }) = &kind {
         check_execve(
             &mut r,
@@ -376,6 +391,7 @@ fn finish(
             group,
             service,
             ha,
+            restart,
         }),
         _ => Err(errors),
     }
