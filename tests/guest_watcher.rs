@@ -140,6 +140,25 @@ fn a_guest_is_started_said_ready_and_its_end_ends_the_unit() {
     );
 }
 
+/// `restart = "on-failure"` restarts a guest whose QEMU died or that
+/// crashed (libvirt's default on_crash destroys it: shut off, reason
+/// crashed), not one that shut itself down or that someone destroyed.
+#[test]
+fn a_crashed_guest_ends_its_unit_with_a_failure() {
+    for (end, status) in [
+        ("shut off (crashed)", 1),
+        ("crashed (panicked)", 1),
+        ("shut off (shutdown)", 0),
+        ("shut off (destroyed)", 0),
+    ] {
+        let lab = Lab::new("shut off");
+        let (mut child, sock) = lab.spawn(&[]);
+        assert!(ready(&sock).contains("READY=1"));
+        lab.set_state(end);
+        assert_eq!(exit_within(&mut child, Duration::from_secs(5)), status, "{end}");
+    }
+}
+
 #[test]
 fn a_running_guest_is_adopted_and_a_crash_fails_the_unit() {
     let lab = Lab::new("running");

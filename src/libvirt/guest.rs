@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
-use super::{CALL_LIMIT, DomainState, VirshError, state, virsh};
+use super::{CALL_LIMIT, DomainState, VirshError, state, state_with_reason, virsh};
 use crate::events::Events;
 
 /// How often the guest's state is read while it runs: its end shows in
@@ -150,14 +150,23 @@ fn follow(domain: &str, policy: &Policy, events: &Events) -> i32 {
         if STOP.load(Ordering::SeqCst) {
             return stop(domain, policy, events);
         }
-        match state(domain) {
-            Ok(DomainState::ShutOff) => {
-                events.info(&format!("guest {domain} is shut off"));
-                return 0;
-            }
-            Ok(DomainState::Crashed) => {
-                events.warn(&format!("guest {domain} crashed"));
+        match state_with_reason(domain) {
+            // A crash is a failure of the unit (its `restart =
+            // "on-failure"` starts it again); the guest's own shutdown is
+            // not.
+            Ok((s, reason)) if s.is_crash(reason.as_deref()) => {
+                events.warn(&format!(
+                    "guest {domain} crashed ({s:?}, {})",
+                    reason.as_deref().unwrap_or("no reason")
+                ));
                 return 1;
+            }
+            Ok((DomainState::ShutOff, reason)) => {
+                events.info(&format!(
+                    "guest {domain} is shut off ({})",
+                    reason.as_deref().unwrap_or("no reason given")
+                ));
+                return 0;
             }
             Ok(_) => unreachable_said = false,
             // A libvirt daemon restarting is no end of the guest.

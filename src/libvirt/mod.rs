@@ -54,8 +54,19 @@ pub enum DomainState {
 }
 
 impl DomainState {
+    /// `virsh domstate` output, with or without `--reason`'s ` (reason)`.
     pub fn parse(text: &str) -> DomainState {
-        match text.trim() {
+        Self::parse_with_reason(text).0
+    }
+
+    /// The state, and the reason `domstate --reason` gives for it.
+    pub fn parse_with_reason(text: &str) -> (DomainState, Option<String>) {
+        let text = text.trim();
+        let (state, reason) = match text.strip_suffix(')').and_then(|t| t.split_once(" (")) {
+            Some((state, reason)) => (state, Some(reason.to_string())),
+            None => (text, None),
+        };
+        let state = match state {
             "running" => DomainState::Running,
             "idle" | "blocked" => DomainState::Idle,
             "paused" => DomainState::Paused,
@@ -64,6 +75,18 @@ impl DomainState {
             "crashed" => DomainState::Crashed,
             "pmsuspended" => DomainState::PmSuspended,
             other => DomainState::Other(other.to_string()),
+        };
+        (state, reason)
+    }
+
+    /// Whether the guest ended by a failure: QEMU died or the guest
+    /// crashed (libvirt's default `on_crash` destroys it: shut off,
+    /// reason crashed). Its own shutdown, a destroy, a save are not.
+    pub fn is_crash(&self, reason: Option<&str>) -> bool {
+        match self {
+            DomainState::Crashed => true,
+            DomainState::ShutOff => reason == Some("crashed"),
+            _ => false,
         }
     }
 
@@ -152,7 +175,13 @@ pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
 
 /// The domain's state.
 pub fn state(domain: &str) -> Result<DomainState, VirshError> {
-    virsh(&["domstate", "--domain", domain], CALL_LIMIT).map(|s| DomainState::parse(&s))
+    state_with_reason(domain).map(|(s, _)| s)
+}
+
+/// The domain's state and its reason.
+pub fn state_with_reason(domain: &str) -> Result<(DomainState, Option<String>), VirshError> {
+    virsh(&["domstate", "--reason", "--domain", domain], CALL_LIMIT)
+        .map(|s| DomainState::parse_with_reason(&s))
 }
 
 #[cfg(test)]
@@ -186,6 +215,45 @@ mod tests {
         ] {
             let parsed = DomainState::parse(text);
             assert_eq!((&parsed, parsed.is_up()), (&state, up), "{text:?}");
+        }
+    }
+
+    /// Restart= on-failure restarts a guest that crashed, not one that
+    /// shut itself down: the reason tells them apart.
+    #[test]
+    fn reasons_and_crashes() {
+        for (text, state, reason, crash) in [
+            (
+                "shut off (crashed)\n",
+                DomainState::ShutOff,
+                Some("crashed"),
+                true,
+            ),
+            (
+                "shut off (shutdown)",
+                DomainState::ShutOff,
+                Some("shutdown"),
+                false,
+            ),
+            (
+                "shut off (destroyed)",
+                DomainState::ShutOff,
+                Some("destroyed"),
+                false,
+            ),
+            (
+                "shut off (from snapshot)",
+                DomainState::ShutOff,
+                Some("from snapshot"),
+                false,
+            ),
+            ("crashed (panicked)", DomainState::Crashed, Some("panicked"), true),
+            ("running (booted)", DomainState::Running, Some("booted"), false),
+            ("shut off", DomainState::ShutOff, None, false),
+        ] {
+            let (parsed, why) = DomainState::parse_with_reason(text);
+            assert_eq!((&parsed, why.as_deref()), (&state, reason), "{text:?}");
+            assert_eq!(parsed.is_crash(why.as_deref()), crash, "{text:?}");
         }
     }
 }
