@@ -81,6 +81,8 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             "active_state": active_state,
             "main_pid": details.map(|d| d.main_pid),
             "invocation_id": details.map(|d| d.invocation_id.clone()),
+            // systemd's automatic restarts since the last start by a job.
+            "restarts": details.and_then(|d| d.n_restarts),
             "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
             "record": record,
             // What holds it back: its own freeze, else the node's.

@@ -4,7 +4,7 @@
 //! observations that feed them.
 
 use crate::state::records::{Record, RecordState, TransitionReason};
-use crate::systemd::{ActiveState, JobType};
+use crate::systemd::{ActiveState, JobType, ServiceResult, UnitDetails};
 
 /// A workload's settled state; mid-job states (activating, deactivating,
 /// …) are not settled, and the settled state follows.
@@ -23,6 +23,20 @@ impl Settled {
             ActiveState::Inactive => Some(Settled::Stopped),
             _ => None,
         }
+    }
+
+    /// As [`Settled::of`], and a unit waiting for systemd's restart is
+    /// down: its exit is a transition of its own, before the restart's
+    /// (systemd shows such a unit activating, which is not settled).
+    pub fn of_unit(details: &UnitDetails) -> Option<Settled> {
+        if details.restart_pending() {
+            return Some(if details.result == ServiceResult::Success {
+                Settled::Stopped
+            } else {
+                Settled::Failed
+            });
+        }
+        Settled::of(&details.active_state)
     }
 
     pub fn record_state(self) -> RecordState {
@@ -96,16 +110,28 @@ pub const JOB_OF_HELPER: &str = "helper";
 
 /// The rule: `record` as the supervisor last wrote it (or a fresh one),
 /// `now` the settled state seen with its InvocationID (`None` when not
-/// known), `job` a start or stop job seen for the unit recently.
+/// known), `job` a start or stop job seen for the unit recently,
+/// `restarted` whether systemd's NRestarts grew since the record's.
 pub fn classify(
     record: &Record,
     now: Settled,
     invocation_id: Option<&str>,
     job: Option<&JobType>,
     seen_by: SeenBy,
+    restarted: bool,
 ) -> Decision {
     let running = now == Settled::Running;
     match (&record.state, running) {
+        // systemd's own restart (Restart=), whatever job it queued for it
+        // and whether its exit was seen: the admin's policy, not a user.
+        (RecordState::Running, true)
+            if restarted && invocation_id.is_some() && record.invocation_id.as_deref() != invocation_id =>
+        {
+            Decision::Transition(TransitionReason::SystemdRestart)
+        }
+        (RecordState::Stopped | RecordState::Failed, true) if restarted => {
+            Decision::Transition(TransitionReason::SystemdRestart)
+        }
         // Running before and now: a new invocation is a restart someone
         // else made; otherwise at most note the invocation.
         (RecordState::Running, true) => match (record.invocation_id.as_deref(), invocation_id) {
@@ -409,9 +435,128 @@ mod tests {
         ];
         assert!(rows.len() >= 15);
         for (spec, before, old, now, new, job, seen_by, want) in rows {
-            let got = classify(&record(before, old), now, new, job.as_ref(), seen_by);
+            let got = classify(&record(before, old), now, new, job.as_ref(), seen_by, false);
             assert_eq!(got, want, "{spec}");
         }
+    }
+
+    /// With systemd's NRestarts grown since the record's.
+    #[test]
+    fn a_restart_by_systemd_is_its_own_reason() {
+        let restart = Some(JobType::Restart);
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(
+            &str,
+            RecordState,
+            Option<&str>,
+            Settled,
+            Option<&str>,
+            Option<JobType>,
+            SeenBy,
+            Decision,
+        )> = vec![
+            (
+                "its exit unseen, the new instance by a signal with systemd's restart job",
+                R::Running,
+                Some("a"),
+                Running,
+                Some("b"),
+                restart.clone(),
+                Signal,
+                Decision::Transition(T::SystemdRestart),
+            ),
+            (
+                "both while the daemon was down: not replaced by a user",
+                R::Running,
+                Some("a"),
+                Running,
+                Some("b"),
+                None,
+                Scan,
+                Decision::Transition(T::SystemdRestart),
+            ),
+            (
+                "its exit recorded, then the new instance",
+                R::Failed,
+                None,
+                Running,
+                Some("b"),
+                None,
+                Signal,
+                Decision::Transition(T::SystemdRestart),
+            ),
+            (
+                "after a clean exit (restart = always)",
+                R::Stopped,
+                None,
+                Running,
+                Some("b"),
+                None,
+                Signal,
+                Decision::Transition(T::SystemdRestart),
+            ),
+            (
+                "the same instance is nothing new",
+                R::Running,
+                Some("a"),
+                Running,
+                Some("a"),
+                None,
+                Signal,
+                Decision::Nothing,
+            ),
+            (
+                "a first pass adopts it",
+                R::Unknown,
+                None,
+                Running,
+                Some("b"),
+                None,
+                Scan,
+                Decision::Adopt,
+            ),
+            (
+                "its exit is an exit, whatever its count",
+                R::Running,
+                Some("a"),
+                Failed,
+                Some("a"),
+                None,
+                Signal,
+                Decision::Transition(T::UnexpectedExit),
+            ),
+        ];
+        for (spec, before, old, now, new, job, seen_by, want) in rows {
+            let got = classify(&record(before, old), now, new, job.as_ref(), seen_by, true);
+            assert_eq!(got, want, "{spec}");
+        }
+    }
+
+    #[test]
+    fn a_unit_waiting_for_its_restart_is_down() {
+        let waiting = |active: ActiveState, sub: &str, result: ServiceResult| UnitDetails {
+            active_state: active,
+            sub_state: sub.into(),
+            result,
+            ..Default::default()
+        };
+        // Activating on 252 and 257; failed or inactive to other versions.
+        for active in [ActiveState::Failed, ActiveState::Activating] {
+            for sub in ["auto-restart", "auto-restart-queued"] {
+                assert_eq!(
+                    Settled::of_unit(&waiting(active.clone(), sub, ServiceResult::ExitCode)),
+                    Some(Failed)
+                );
+                assert_eq!(
+                    Settled::of_unit(&waiting(active.clone(), sub, ServiceResult::Success)),
+                    Some(Stopped)
+                );
+            }
+        }
+        assert_eq!(
+            Settled::of_unit(&waiting(ActiveState::Activating, "start", ServiceResult::Success)),
+            None
+        );
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl<O: Ops> Supervisor<O> {
                 }
             },
         };
-        let mut now = Settled::of(&details.active_state)?;
+        let mut now = Settled::of_unit(&details)?;
         if !self.is_followed(name, &details.active_state) {
             return None;
         }
@@ -459,7 +459,7 @@ impl<O: Ops> Supervisor<O> {
                         return None;
                     }
                 };
-                now = Settled::of(&details.active_state)?;
+                now = Settled::of_unit(&details)?;
             }
         }
         // An adoption records neither an exit cause nor an InvocationID:
@@ -558,19 +558,25 @@ impl<O: Ops> Supervisor<O> {
         let current = Some(details.invocation_id.clone()).filter(|i| !i.is_empty());
         let events = &self.events;
         let mut ended_here = None;
+        let mut started_here = false;
+        let restarts = details.n_restarts;
         // Written in place without waiting for the disk: see `unsynced`.
         let unsynced = crate::state::atomic::Batch::begin();
         let outcome = records::try_update(&self.root, name, |r| {
-            match classify::classify(r, now, current.as_deref(), job, seen_by) {
+            // A count that went down was reset by a start by hand.
+            let restarted = restarts.is_some_and(|n| n > r.restarts.unwrap_or(0));
+            match classify::classify(r, now, current.as_deref(), job, seen_by, restarted) {
                 Decision::Nothing => false,
                 Decision::NoteInvocation => {
                     r.invocation_id = current.clone();
+                    r.restarts = restarts.or(r.restarts);
                     false
                 }
                 Decision::Adopt => {
                     r.state = RecordState::Running;
                     r.adopted_at = Some(stamp.clone());
                     r.invocation_id = current.clone();
+                    r.restarts = restarts;
                     false
                 }
                 Decision::Refine => {
@@ -585,8 +591,10 @@ impl<O: Ops> Supervisor<O> {
                         .clone()
                         .filter(|old| now != Settled::Running || Some(old) != current.as_ref());
                     ended_here.clone_from(&ended);
+                    started_here = now == Settled::Running;
                     r.state = now.record_state();
                     r.detected_by = Some(seen_by.as_str().into());
+                    r.restarts = restarts.or(r.restarts);
                     if now == Settled::Running {
                         r.exit_cause = None;
                         r.definition = definition();
@@ -614,6 +622,9 @@ impl<O: Ops> Supervisor<O> {
                     if let Some(id) = ended {
                         fields.push(("BERTH_ENDED_INVOCATION_ID", id));
                     }
+                    if let Some(n) = restarts.filter(|n| *n > 0) {
+                        fields.push(("BERTH_RESTARTS", n.to_string()));
+                    }
                     events.emit(
                         if reason == TransitionReason::UnexpectedExit {
                             log::Level::Warn
@@ -634,6 +645,12 @@ impl<O: Ops> Supervisor<O> {
             }
         });
         drop(unsynced);
+        if started_here {
+            // The job that started it explains nothing after: a restart
+            // job of systemd's own (252 queues one for Restart=) taken
+            // for a user's stop made the next crash a stop-user.
+            self.jobs.remove(unit);
+        }
         if let Ok(Some(_)) = &outcome {
             self.unsynced.insert(name.to_string());
             if let Some(id) = ended_here {
@@ -958,6 +975,110 @@ mod tests {
             (web.state, web.transition_generation),
             (RecordState::Running, 1),
             "the signal showed it running: nothing to record yet"
+        );
+    }
+
+    /// A unit signal of `path` showing `observed`, its exit cause with it.
+    async fn show(sup: &mut Supervisor<FakeOps>, path: &str, observed: UnitDetails) {
+        sup.on_change(Change::Properties {
+            path: path.to_string(),
+            observed: Some(observed),
+            exit_known: true,
+        })
+        .await;
+    }
+
+    /// Restart= on systemd 252: each restart is a restart job of
+    /// systemd's own, remembered for two minutes; the next crash was
+    /// taken for a user's stop. Each crash is an exit with its cause, each
+    /// new instance systemd's restart with the count.
+    #[tokio::test]
+    async fn a_crash_loop_is_exits_and_restarts_by_systemd() {
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "restart = \"on-failure\"")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Running;
+            r.invocation_id = Some("a0".into());
+            r.last_transition_reason = TransitionReason::Boot;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.pass(false).await;
+        let unit = names::unit_name("web");
+        let path = names::unit_object_path(&unit);
+        let mut reasons = Vec::new();
+        for n in 1..=3u32 {
+            // Down, waiting for its restart (systemd shows it activating).
+            let crashed = UnitDetails {
+                active_state: ActiveState::Activating,
+                sub_state: "auto-restart".into(),
+                invocation_id: format!("a{}", n - 1),
+                result: crate::systemd::ServiceResult::ExitCode,
+                exec_main_code: crate::systemd::ExitCode::Exited,
+                exec_main_status: 3,
+                n_restarts: Some(n - 1),
+                ..Default::default()
+            };
+            show(&mut sup, &path, crashed).await;
+            let r = records::load(&root, "web").unwrap().unwrap();
+            assert_eq!(r.state, RecordState::Failed);
+            assert_eq!(r.exit_cause.as_ref().map(|c| c.status), Some(3));
+            reasons.push(r.last_transition_reason);
+            // systemd's restart job, then the new instance.
+            sup.jobs.insert(unit.clone(), (JobType::Restart, Instant::now()));
+            let running = UnitDetails {
+                active_state: ActiveState::Active,
+                sub_state: "running".into(),
+                invocation_id: format!("a{n}"),
+                n_restarts: Some(n),
+                ..Default::default()
+            };
+            show(&mut sup, &path, running).await;
+            let r = records::load(&root, "web").unwrap().unwrap();
+            assert_eq!((r.state, r.restarts), (RecordState::Running, Some(n)));
+            reasons.push(r.last_transition_reason);
+        }
+        use TransitionReason::{SystemdRestart, UnexpectedExit};
+        assert_eq!(
+            reasons,
+            [
+                UnexpectedExit,
+                SystemdRestart,
+                UnexpectedExit,
+                SystemdRestart,
+                UnexpectedExit,
+                SystemdRestart
+            ]
+        );
+        // A start by hand resets systemd's count: a user's start.
+        show(
+            &mut sup,
+            &path,
+            UnitDetails {
+                active_state: ActiveState::Inactive,
+                invocation_id: "a3".into(),
+                n_restarts: Some(3),
+                ..Default::default()
+            },
+        )
+        .await;
+        sup.jobs.insert(unit.clone(), (JobType::Start, Instant::now()));
+        show(
+            &mut sup,
+            &path,
+            UnitDetails {
+                active_state: ActiveState::Active,
+                invocation_id: "a4".into(),
+                n_restarts: Some(0),
+                ..Default::default()
+            },
+        )
+        .await;
+        let r = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (r.last_transition_reason, r.restarts),
+            (TransitionReason::StartUser, Some(0))
         );
     }
 

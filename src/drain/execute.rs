@@ -217,6 +217,8 @@ fn found_states(loaded: &Loaded, live: &[UnitStatus], drain_job: Option<u32>) ->
             let name = units.workload_of(&u.name)?;
             let found = if stopped_before_the_shutdown(u, drain_job) {
                 Found::Stopping
+            } else if u.restart_pending() {
+                Found::Restarting
             } else if u.is_running() {
                 Found::Running
             } else if u.active_state == ActiveState::Failed {

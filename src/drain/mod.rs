@@ -254,6 +254,61 @@ mod tests {
         assert_eq!(meant, ["exiting", "restart", "shutdown"]);
     }
 
+    /// A workload waiting for systemd's restart (RestartSec= running) is
+    /// stopped like a running one, whatever ActiveState shows it in
+    /// (activating on 252 and 257, failed or inactive elsewhere): its stop
+    /// job cancels the restart, which would otherwise start it behind a
+    /// drain by hand.
+    #[tokio::test(start_paused = true)]
+    async fn a_workload_waiting_for_its_restart_gets_a_stop() {
+        use crate::state::drain_report::Found;
+        use crate::systemd::ActiveState;
+        let (_d, root, loaded) = setup(
+            "",
+            &[
+                ("old", "restart = \"on-failure\""),
+                ("new", "restart = \"always\""),
+                ("crashed", ""),
+            ],
+        );
+        let ops = FakeOps::default()
+            .unit("old", false, Behaviour::Takes(Duration::ZERO))
+            .unit("new", false, Behaviour::Takes(Duration::ZERO))
+            .unit("crashed", false, Behaviour::Takes(Duration::ZERO));
+        for (unit, state, sub) in [
+            ("old", ActiveState::Failed, "auto-restart"),
+            ("new", ActiveState::Activating, "auto-restart-queued"),
+            ("crashed", ActiveState::Failed, "failed"),
+        ] {
+            let unit = format!("berth@{unit}.service");
+            ops.states.borrow_mut().insert(unit.clone(), state);
+            ops.sub_states.borrow_mut().insert(unit, sub.into());
+        }
+        let report = drain_now(&ops, &root, &loaded).await;
+        let got: BTreeMap<&str, (Outcome, Option<Found>)> = report
+            .workloads
+            .iter()
+            .map(|w| (w.workload.as_str(), (w.outcome, w.found)))
+            .collect();
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                ("crashed", (Outcome::AlreadyOff, Some(Found::Failed))),
+                ("new", (Outcome::GracefulOff, Some(Found::Restarting))),
+                ("old", (Outcome::GracefulOff, Some(Found::Restarting))),
+            ])
+        );
+        let mut stopped: Vec<String> = ops
+            .spans
+            .borrow()
+            .iter()
+            .filter(|s| s.1 == "stop")
+            .map(|s| s.0.clone())
+            .collect();
+        stopped.sort();
+        assert_eq!(stopped, ["berth@new.service", "berth@old.service"]);
+    }
+
     /// Review of issue 11: systemd lists no alias, so an existing unit
     /// named by one looked AlreadyOff and was never stopped. It is asked
     /// for by its name.

@@ -63,12 +63,15 @@ pub fn groups(loaded: &Loaded, live: &[UnitStatus]) -> Vec<Vec<Target>> {
     let mut orphans: BTreeMap<&str, &str> = BTreeMap::new();
     for u in live {
         match units.workload_of(&u.name) {
+            // A unit waiting to be restarted counts as running: the
+            // drain's stop job cancels the restart, which would otherwise
+            // start it again behind the drain.
             Some(name) if loaded.workload(name).is_some() => {
-                running.insert(name, u.is_running());
+                running.insert(name, u.needs_stop());
             }
             _ => {
                 if let Some(name) = names::instance_of(&u.name)
-                    && u.is_running()
+                    && u.needs_stop()
                 {
                     orphans.insert(&u.name, name);
                 }

@@ -96,6 +96,9 @@ pub enum Found {
     Stopping,
     /// Failed: it crashed or its start failed; nobody stopped it.
     Failed,
+    /// Down, with systemd about to start it again (`restart`; SubState
+    /// auto-restart): the drain's stop canceled that restart.
+    Restarting,
     /// Inactive: stopped (by an admin, or itself), or never started.
     Off,
 }
@@ -165,13 +168,14 @@ pub struct Report {
 impl Report {
     /// How many workloads ended with each outcome, in outcome order.
     /// The workloads meant to run when it began: those it found running,
-    /// or failed (crashed, or a start that failed: nobody stopped them).
+    /// failed (crashed, or a start that failed: nobody stopped them), or
+    /// waiting for systemd's restart.
     /// When it could not tell, every outcome but AlreadyOff counts.
     pub fn meant_to_run(&self) -> impl Iterator<Item = &str> {
         self.workloads
             .iter()
             .filter(|r| match r.found {
-                Some(found) => matches!(found, Found::Running | Found::Failed),
+                Some(found) => matches!(found, Found::Running | Found::Failed | Found::Restarting),
                 None => r.outcome != Outcome::AlreadyOff,
             })
             .map(|r| r.workload.as_str())
@@ -227,5 +231,43 @@ pub fn read(root: &Root) -> Result<(String, Report), ReadError> {
     match serde_json::from_str(&text) {
         Ok(report) => Ok((text, report)),
         Err(e) => Err(ReadError::NotAReport(path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_found_waiting_for_its_restart_was_meant_to_run() {
+        let result = |name: &str, outcome, found| StopResult {
+            workload: name.into(),
+            unit: String::new(),
+            outcome,
+            started_ms: 0,
+            code: None,
+            elapsed_ms: 0,
+            detail: None,
+            found,
+        };
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "started_at": "", "finished_at": "", "elapsed_ms": 0, "deadline_s": 1,
+            "parallelism": 1, "deadline_reached": false, "workloads": []
+        }))
+        .unwrap();
+        let report = Report {
+            workloads: vec![
+                result("restarting", Outcome::GracefulOff, Some(Found::Restarting)),
+                result("off", Outcome::AlreadyOff, Some(Found::Off)),
+                result("running", Outcome::GracefulOff, Some(Found::Running)),
+            ],
+            ..report
+        };
+        assert_eq!(
+            report.meant_to_run().collect::<Vec<_>>(),
+            ["restarting", "running"]
+        );
+        let text = serde_json::to_string(&report.workloads[0]).unwrap();
+        assert!(text.contains(r#""found":"restarting""#), "{text}");
     }
 }

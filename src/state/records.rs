@@ -49,6 +49,10 @@ string_enum! {
         StopUser = "stop-user",
         /// Went down with no stop job.
         UnexpectedExit = "unexpected-exit",
+        /// Started again by systemd after an exit, as its `restart` asks
+        /// (systemd's NRestarts grew); the exit is recorded before it
+        /// when the supervisor saw it.
+        SystemdRestart = "systemd-restart",
         /// Found running under a new InvocationID by a pass, with no job
         /// to explain it: the recorded instance ended and another was
         /// started while no supervisor watched. One transition for both;
@@ -98,6 +102,10 @@ pub struct Record {
     /// means it was restarted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invocation_id: Option<String>,
+    /// systemd's NRestarts when the last transition was recorded: its
+    /// automatic restarts since the last start by a job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
 }
 
 impl Record {

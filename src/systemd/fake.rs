@@ -69,6 +69,12 @@ pub struct FakeOps {
     pub reload_times_out: std::cell::Cell<bool>,
     /// unit → an ActiveState other than what its running flag says.
     pub states: RefCell<HashMap<String, ActiveState>>,
+    /// Every unit a stop was asked for, in order (finished or not).
+    pub stops_asked: RefCell<Vec<String>>,
+    /// unit → its NRestarts, as details() tells it (else unknown).
+    pub restarts: RefCell<HashMap<String, u32>>,
+    /// unit → its SubState in the listing and details() (else empty).
+    pub sub_states: RefCell<HashMap<String, String>>,
     /// unit → what topology() tells of it (else: loaded, no dependencies).
     pub topologies: RefCell<HashMap<String, UnitTopology>>,
     /// unit → a pending job the listing and details() show (one queued
@@ -219,7 +225,7 @@ impl Ops for FakeOps {
                     .get(name)
                     .cloned()
                     .unwrap_or_else(|| state(*running)),
-                sub_state: String::new(),
+                sub_state: self.sub_states.borrow().get(name).cloned().unwrap_or_default(),
                 path: crate::names::unit_object_path(name),
                 job: self.pending.borrow().get(name).cloned(),
             })
@@ -241,6 +247,7 @@ impl Ops for FakeOps {
             std::future::pending::<()>().await;
         }
         self.answer().await;
+        self.stops_asked.borrow_mut().push(unit.to_string());
         Ok(self.queue(unit, "stop"))
     }
 
@@ -318,6 +325,8 @@ impl Ops for FakeOps {
             active_state: self.active_state(unit).await?,
             invocation_id: self.invocations.borrow().get(unit).cloned().unwrap_or_default(),
             job_id: self.pending.borrow().get(unit).map_or(0, |(id, _)| *id),
+            sub_state: self.sub_states.borrow().get(unit).cloned().unwrap_or_default(),
+            n_restarts: self.restarts.borrow().get(unit).copied(),
             ..Default::default()
         })
     }

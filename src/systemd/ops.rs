@@ -127,7 +127,7 @@ impl Ops for Systemd {
         let is_service = unit.ends_with(".service");
         // One round trip for all of them: the Service reads go out with the
         // Unit GetAll, and count only if the unit turns out to be loaded.
-        let (u, result, code, status, pid) = tokio::join!(
+        let (u, result, code, status, pid, restarts) = tokio::join!(
             self.bounded("GetAll Unit of", unit, properties.unit(UNIT_INTERFACE)),
             self.bounded("Get Result of", unit, async {
                 if is_service {
@@ -157,6 +157,13 @@ impl Ops for Systemd {
                     Ok(0)
                 }
             }),
+            self.bounded("Get NRestarts of", unit, async {
+                if is_service {
+                    service.n_restarts().await
+                } else {
+                    Ok(0)
+                }
+            }),
         );
         let u = u?;
         let mut details = UnitDetails {
@@ -164,6 +171,7 @@ impl Ops for Systemd {
             active_state: ActiveState::from(u.active_state),
             job_id: u.job.0,
             invocation_id: hex(&u.invocation_id),
+            sub_state: u.sub_state,
             ..Default::default()
         };
         if is_service && details.load_state == LoadState::Loaded {
@@ -171,6 +179,9 @@ impl Ops for Systemd {
             details.exec_main_code = ExitCode::from_code(code?);
             details.exec_main_status = status?;
             details.main_pid = pid?;
+            // A count, not the state: its read failing is no failed
+            // observation.
+            details.n_restarts = restarts.ok();
         }
         Ok(details)
     }

@@ -126,6 +126,8 @@ pub trait Service {
     fn exec_main_status(&self) -> zbus::Result<i32>;
     #[zbus(property, name = "MainPID")]
     fn main_pid(&self) -> zbus::Result<u32>;
+    #[zbus(property, name = "NRestarts")]
+    fn n_restarts(&self) -> zbus::Result<u32>;
 }
 
 #[proxy(
@@ -166,6 +168,7 @@ pub struct UnitFileChange {
 pub struct UnitProps {
     pub load_state: String,
     pub active_state: String,
+    pub sub_state: String,
     #[zbus(rename = "InvocationID")]
     pub invocation_id: Vec<u8>,
     pub job: (u32, OwnedObjectPath),

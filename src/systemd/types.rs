@@ -179,6 +179,19 @@ impl UnitStatus {
     pub fn is_running(&self) -> bool {
         self.active_state.is_running()
     }
+
+    /// Down and waiting for systemd to start it again (`Restart=`):
+    /// `auto-restart` while its RestartSec= runs, `auto-restart-queued`
+    /// (systemd 254 and later) once the start is queued. Its ActiveState
+    /// (activating on 252 and 257) does not tell it from a start.
+    pub fn restart_pending(&self) -> bool {
+        self.sub_state.starts_with(AUTO_RESTART)
+    }
+
+    /// Something to stop: running, or about to run again.
+    pub fn needs_stop(&self) -> bool {
+        self.is_running() || self.restart_pending()
+    }
 }
 
 /// A unit's live state, for the supervisor, list and status: the Unit
@@ -196,7 +209,24 @@ pub struct UnitDetails {
     /// The exit status, or the signal number when killed or dumped.
     pub exec_main_status: i32,
     pub main_pid: u32,
+    /// The SubState: `auto-restart` while systemd waits to restart it.
+    pub sub_state: String,
+    /// systemd's NRestarts: its automatic restarts since the last start
+    /// by a job (a start or restart by hand resets it). None when not
+    /// known (not a service, not read, not in the signal).
+    pub n_restarts: Option<u32>,
 }
+
+impl UnitDetails {
+    /// See [`UnitStatus::restart_pending`].
+    pub fn restart_pending(&self) -> bool {
+        self.sub_state.starts_with(AUTO_RESTART)
+    }
+}
+
+/// The SubState of a service waiting for its restart, and the start of
+/// `auto-restart-queued` (systemd 254 and later).
+const AUTO_RESTART: &str = "auto-restart";
 
 /// What `berth check --live` needs of one loaded unit: its dependencies
 /// (implicit ones included) and the protections berth's topology relies on.

@@ -65,6 +65,7 @@ struct ServiceSeen {
     exec_main_code: Option<i32>,
     exec_main_status: Option<i32>,
     main_pid: Option<u32>,
+    n_restarts: Option<u32>,
 }
 
 type Changed = HashMap<String, OwnedValue>;
@@ -95,6 +96,7 @@ fn change_of(
                     seen.exec_main_code = int(&changed, "ExecMainCode").or(seen.exec_main_code);
                     seen.exec_main_status = int(&changed, "ExecMainStatus").or(seen.exec_main_status);
                     seen.main_pid = uint(&changed, "MainPID").or(seen.main_pid);
+                    seen.n_restarts = uint(&changed, "NRestarts").or(seen.n_restarts);
                     None
                 }
                 UNIT_INTERFACE => {
@@ -139,6 +141,7 @@ fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<(UnitDet
         // sends signals is loaded.
         load_state: text(changed, "LoadState").map_or(LoadState::Loaded, LoadState::from),
         active_state: ActiveState::from(text(changed, "ActiveState")?),
+        sub_state: text(changed, "SubState").unwrap_or_default(),
         invocation_id: hex(&bytes(changed, "InvocationID")?),
         // The pending job, (id, path): 0 when none.
         job_id: match changed.get("Job").map(|v| &**v) {
@@ -159,6 +162,7 @@ fn observed(changed: &Changed, service: Option<&ServiceSeen>) -> Option<(UnitDet
         ))
     });
     let exit_known = exit.is_some();
+    details.n_restarts = service.and_then(|s| s.n_restarts);
     if let Some((result, code, status, pid)) = exit {
         details.result = ServiceResult::from(result);
         details.exec_main_code = ExitCode::from_code(code);
