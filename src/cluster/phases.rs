@@ -741,6 +741,15 @@ mod tests {
                 async move { done.then_some(()) }
             })
             .await;
+            // Until the fence's look at the new lease is done (it disarms
+            // the fence timer first): when it came after the move, it
+            // stopped db at once, rightly, as a stray of an older lease,
+            // and this test failed 1 run in 5.
+            until(5 * SEC, "the new lease is settled", || {
+                let settled = ops.stops_asked.borrow().iter().any(|u| u == "berth-fence.timer");
+                async move { settled.then_some(()) }
+            })
+            .await;
             let mut c = client(&url).await;
             let theirs = Owner {
                 node: "n2".into(),
