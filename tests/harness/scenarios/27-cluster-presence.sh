@@ -27,6 +27,9 @@ printf 'exec = ["/opt/berth-test/workload", "web"]\n' >"$config/workloads/web.to
 # three-node scenario 28 takes and moves HA workloads); the owner keys
 # below are put by hand.
 printf 'exec = ["/opt/berth-test/workload", "db"]\nha = true\nnodes = ["n2", "n3"]\n' >"$config/workloads/db.toml"
+# An HA workload systemd restarts on failure, keys put by hand too.
+printf 'exec = ["/opt/berth-test/workload", "cache"]\nha = true\nnodes = ["n2", "n3"]\nrestart = "on-failure"\n' \
+    >"$config/workloads/cache.toml"
 
 ct_boot cluster "$config"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
@@ -101,6 +104,30 @@ check "owned by n2: refused on n1 (rc $rc)" test "$rc" -ne 0
 check_contains "... saying who owns it" "not starting db: node n2 owns it" \
     "$(ct journalctl -b -u berth@db.service -o cat --no-pager)"
 etcdctl del /berth/owners/db >/dev/null
+
+# An HA workload with restart = "on-failure": systemd restarts it on its
+# owner, every start passing owner-check again; once another node owns it,
+# no restart runs it here (each ends at owner-check, until the start limit
+# or the reconciliation's fence ends the attempts).
+etcdctl put --lease="$(printf '%x' "$lease1")" /berth/owners/cache "$value" >/dev/null
+ct systemctl start berth@cache.service
+check_eq "cache, owned here, runs" active "$(ct_prop berth@cache.service ActiveState)"
+ct systemctl kill --signal=KILL berth@cache.service
+cache_restarted() {
+    [ "$(ct_prop berth@cache.service NRestarts)" = 1 ] && [ "$(ct_prop berth@cache.service SubState)" = running ]
+}
+check "killed on its owner, systemd restarts it" wait_for 10 cache_restarted
+etcdctl put /berth/owners/cache "${value/n1/n2}" >/dev/null
+ct systemctl kill --signal=KILL berth@cache.service
+cache_down() { case "$(ct_prop berth@cache.service SubState)" in failed | dead) ;; *) return 1 ;; esac; }
+# Down, and still down 3 s later: no restart pending.
+cache_stays_down() { cache_down && sleep 3 && cache_down; }
+check "owned by n2, killed again: its restarts end at owner-check, it stays down" wait_for 30 cache_stays_down
+check_eq "... and never ran again: two starts in all" 2 "$(grep -c '^start ' "$CT_DIR/out/cache.log")"
+check_contains "... refused by owner-check, naming the owner" "not starting cache: node n2 owns it" \
+    "$(ct journalctl -b -u berth@cache.service -o cat --no-pager)"
+etcdctl del /berth/owners/cache >/dev/null
+ct systemctl reset-failed berth@cache.service 2>/dev/null || true
 
 # A daemon that crashed (SIGKILL; systemd restarts it) resumes the lease
 # of this boot. (A clean stop or restart hands over to a maintenance
