@@ -488,7 +488,13 @@ fn daemon_socket_lines(root: &Root, loaded: &Loaded) -> String {
 /// A stable fingerprint (FNV-1a, 64 bits) of what the generator writes for
 /// a workload: equal as long as its unit would run the same way.
 pub fn definition_fingerprint(root: &Root, w: &Workload) -> String {
-    format!("{:016x}", fnv1a(workload_drop_in(root, w).as_bytes()))
+    // Without its restart: Restart= and the start limit apply to the
+    // running instance at the next daemon-reload, not its next start.
+    let w = Workload {
+        restart: None,
+        ..w.clone()
+    };
+    format!("{:016x}", fnv1a(workload_drop_in(root, &w).as_bytes()))
 }
 
 /// Everything the generator writes for this config, in a stable order.
@@ -545,6 +551,27 @@ mod tests {
         );
         assert_eq!(exec(&["/x", ";", "", "a b", "ünï"]), r#""/x" ";" "" "a b" "ünï""#);
         assert_eq!(exec(&["/x", "\t\u{7f}\u{85}"]), r#""/x" "\x09\x7f\u0085""#);
+    }
+
+    /// Restart= applies to the running instance at the next daemon-reload:
+    /// a change of `restart` is no restart pending (`berth list`).
+    #[test]
+    fn the_restart_is_not_part_of_the_definition() {
+        let (_d, root, loaded) = crate::testing::temp_root(
+            "",
+            &[("a", ""), ("b", "restart = \"always\"\nrestart_delay_s = 9")],
+        );
+        let (a, b) = (loaded.workload("a").unwrap(), loaded.workload("b").unwrap());
+        assert!(workload_drop_in(&root, b).contains("Restart=always"));
+        let b_as_a = Workload {
+            name: a.name.clone(),
+            source: a.source.clone(),
+            ..b.clone()
+        };
+        assert_eq!(
+            definition_fingerprint(&root, a),
+            definition_fingerprint(&root, &b_as_a)
+        );
     }
 
     /// Review of issue 11: the probe ran as a shell command, so a probe

@@ -221,16 +221,17 @@ fn freeze_report(root: &Root, loaded: &Loaded) -> String {
     out
 }
 
-/// What `berth check` prints: problems per file, or the units in short.
 /// What `restart` means for the drain, said once when a workload restarts.
 const RESTART_AND_THE_DRAIN: &str = "\
 restart: systemd restarts a workload only after its own exit, never after a stop job: the drain's stop (and \
 one it sends to a workload waiting for its restart) ends it for good. At a shutdown systemd restarts no \
 workload (the restart would start units the shutdown stops: it refuses that transaction), so one that \
 crashes then stays failed; during a `berth drain` by hand it is restarted and stopped in its turn. One that \
-reached its start limit stays failed: the drain finds it off, the autostart of the next boot starts it again, \
-and `systemctl reset-failed UNIT` lets systemd restart it before then\n";
+reached its start limit stays failed, refused by systemd until its interval has passed or `systemctl \
+reset-failed UNIT`, and started by nothing but a start by hand or the next boot's autostart; the drain finds it \
+off\n";
 
+/// What `berth check` prints: problems per file, or the units in short.
 pub fn check_report(loaded: &Loaded) -> String {
     let mut out = String::new();
     if !loaded.is_clean() {

@@ -81,7 +81,7 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
             "active_state": active_state,
             "main_pid": details.map(|d| d.main_pid),
             "invocation_id": details.map(|d| d.invocation_id.clone()),
-            // systemd's automatic restarts since the last start by a job.
+            // systemd's automatic restarts since systemd last reset the count.
             "restarts": details.and_then(|d| d.n_restarts),
             "restart_pending": restart_pending(root, &loaded, name, details, record.as_ref()),
             "record": record,

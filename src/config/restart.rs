@@ -64,15 +64,29 @@ impl RestartPolicy {
         self.restart != Restart::No
     }
 
-    /// For `berth check`: what systemd does, and what it means for the
-    /// drain.
+    /// Whether a workload that fails at once each time ends failed at
+    /// its start limit: its starts come `delay_s` apart (or more), and the
+    /// limit refuses the one after `limit_burst` starts within
+    /// `limit_interval_s`.
+    pub fn limit_reachable(&self) -> bool {
+        self.limit_interval_s > 0 && self.delay_s * u64::from(self.limit_burst) < self.limit_interval_s
+    }
+
+    /// For `berth check`: what systemd does.
     pub fn describe(&self) -> String {
         let limit = if self.limit_interval_s == 0 {
-            "no start limit".to_string()
+            "no start limit: it is restarted for ever".to_string()
+        } else if self.limit_reachable() {
+            format!(
+                "at most {} starts in {} s, then left failed",
+                self.limit_burst, self.limit_interval_s
+            )
         } else {
             format!(
-                "then failed once {} starts fall within {} s",
-                self.limit_burst, self.limit_interval_s
+                "restarted for ever: {} starts {} s apart take longer than its start limit's {} s",
+                u64::from(self.limit_burst) + 1,
+                self.delay_s,
+                self.limit_interval_s
             )
         };
         format!("{} after {} s, {limit}", self.restart.as_str(), self.delay_s)
@@ -119,12 +133,26 @@ pub(super) fn read(r: &mut Reader, prefix: &str, default: RestartPolicy) -> Rest
         1,
         MAX_LIMIT_BURST,
     ) as u32;
-    RestartPolicy {
+    let policy = RestartPolicy {
         restart,
         delay_s,
         limit_interval_s,
         limit_burst,
+    };
+    if policy.restarts() && delay_s == 0 && limit_interval_s == 0 {
+        // A workload that fails at once would be forked again and again
+        // by PID 1, with nothing to end it.
+        r.error(
+            &key("restart_delay_s"),
+            format!(
+                "is 0 and {} is 0: a workload that fails at once would be restarted in a tight loop for ever; \
+                 give it a delay or a start limit",
+                key("start_limit_interval_s")
+            ),
+        );
+        return RestartPolicy { delay_s: 1, ..policy };
     }
+    policy
 }
 
 /// The workload keys [`read`] takes.
@@ -160,7 +188,7 @@ mod tests {
     fn defaults_and_every_key() {
         assert_eq!(read_text("", "").0, RestartPolicy::default());
         let (p, errors) = read_text(
-            "restart = \"on-failure\"\nrestart_delay_s = 0\nstart_limit_interval_s = 0\nstart_limit_burst = 3",
+            "restart = \"on-failure\"\nrestart_delay_s = 0\nstart_limit_interval_s = 45\nstart_limit_burst = 3",
             "",
         );
         assert!(errors.is_empty(), "{errors:?}");
@@ -169,7 +197,7 @@ mod tests {
             RestartPolicy {
                 restart: Restart::OnFailure,
                 delay_s: 0,
-                limit_interval_s: 0,
+                limit_interval_s: 45,
                 limit_burst: 3
             }
         );
@@ -220,13 +248,49 @@ mod tests {
         };
         assert_eq!(
             p.describe(),
-            "on-failure after 1 s, then failed once 5 starts fall within 10 s"
+            "on-failure after 1 s, at most 5 starts in 10 s, then left failed"
         );
         let p = RestartPolicy {
             restart: Restart::Always,
             limit_interval_s: 0,
             ..Default::default()
         };
-        assert_eq!(p.describe(), "always after 1 s, no start limit");
+        assert_eq!(
+            p.describe(),
+            "always after 1 s, no start limit: it is restarted for ever"
+        );
+        // 6 starts at 0, 2, 4, 6, 8 and 10 s: the window of 10 s has
+        // begun again by the sixth.
+        let p = RestartPolicy {
+            restart: Restart::OnFailure,
+            delay_s: 2,
+            ..Default::default()
+        };
+        assert!(!p.limit_reachable());
+        assert_eq!(
+            p.describe(),
+            "on-failure after 2 s, restarted for ever: 6 starts 2 s apart take longer than its start limit's 10 s"
+        );
+    }
+
+    #[test]
+    fn no_delay_and_no_limit_is_refused() {
+        let (p, errors) = read_text(
+            "restart = \"always\"\nrestart_delay_s = 0\nstart_limit_interval_s = 0",
+            "",
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("restart_delay_s: is 0 and start_limit_interval_s is 0"),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(p.delay_s, 1);
+        // Without a restart the numbers mean nothing: no error.
+        assert!(
+            read_text("restart_delay_s = 0\nstart_limit_interval_s = 0", "")
+                .1
+                .is_empty()
+        );
     }
 }

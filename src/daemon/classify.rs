@@ -125,7 +125,10 @@ pub fn classify(
         // systemd's own restart (Restart=), whatever job it queued for it
         // and whether its exit was seen: the admin's policy, not a user.
         (RecordState::Running, true)
-            if restarted && invocation_id.is_some() && record.invocation_id.as_deref() != invocation_id =>
+            if restarted
+                && record.invocation_id.is_some()
+                && invocation_id.is_some()
+                && record.invocation_id.as_deref() != invocation_id =>
         {
             Decision::Transition(TransitionReason::SystemdRestart)
         }
@@ -504,6 +507,16 @@ mod tests {
                 None,
                 Signal,
                 Decision::Nothing,
+            ),
+            (
+                "adopted with no InvocationID: the first one seen is noted, whatever the count",
+                R::Running,
+                None,
+                Running,
+                Some("b"),
+                None,
+                Signal,
+                Decision::NoteInvocation,
             ),
             (
                 "a first pass adopts it",

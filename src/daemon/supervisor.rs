@@ -271,7 +271,15 @@ impl<O: Ops> Supervisor<O> {
                 // map of 5000 paths is kept.
                 if let Some(name) = self.units.workload_of_path(&path) {
                     let observed = match observed {
-                        Some(seen) if !exit_known && seen.active_state.is_down() => {
+                        // Down, waiting for its restart, or up with no
+                        // restart count: what the Service signal would
+                        // have told is read now.
+                        Some(seen)
+                            if !exit_known
+                                && (seen.active_state.is_down()
+                                    || seen.restart_pending()
+                                    || seen.n_restarts.is_none()) =>
+                        {
                             self.with_exit_cause(&name, seen).await
                         }
                         other => other,
@@ -294,6 +302,7 @@ impl<O: Ops> Supervisor<O> {
         seen.exec_main_code = now.exec_main_code;
         seen.exec_main_status = now.exec_main_status;
         seen.main_pid = now.main_pid;
+        seen.n_restarts = seen.n_restarts.or(now.n_restarts);
         Some(seen)
     }
 
@@ -566,7 +575,13 @@ impl<O: Ops> Supervisor<O> {
             // A count that went down was reset by a start by hand.
             let restarted = restarts.is_some_and(|n| n > r.restarts.unwrap_or(0));
             match classify::classify(r, now, current.as_deref(), job, seen_by, restarted) {
-                Decision::Nothing => false,
+                // The count follows systemd's even without a transition
+                // (restarts that failed, a reset by hand): a later start
+                // is compared with the count it followed.
+                Decision::Nothing => {
+                    r.restarts = restarts.or(r.restarts);
+                    false
+                }
                 Decision::NoteInvocation => {
                     r.invocation_id = current.clone();
                     r.restarts = restarts.or(r.restarts);
@@ -581,6 +596,7 @@ impl<O: Ops> Supervisor<O> {
                 }
                 Decision::Refine => {
                     r.state = now.record_state();
+                    r.restarts = restarts.or(r.restarts);
                     false
                 }
                 Decision::Transition(reason) => {
@@ -1079,6 +1095,92 @@ mod tests {
         assert_eq!(
             (r.last_transition_reason, r.restarts),
             (TransitionReason::StartUser, Some(0))
+        );
+    }
+
+    /// Review of the restart slice: a crash recorded with count 1, two
+    /// restarts that failed (the count 3, no transition), a stop by hand
+    /// while the next one waited (systemd keeps the count), then a start
+    /// by hand, with the count still 3: taken for systemd's restart,
+    /// since the record still said 1.
+    #[tokio::test]
+    async fn a_start_by_hand_after_failed_restarts_is_a_users() {
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "restart = \"on-failure\"")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Failed;
+            r.restarts = Some(1);
+            r.last_transition_reason = TransitionReason::UnexpectedExit;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", false, Behaviour::Takes(Duration::ZERO));
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        let path = names::unit_object_path(&names::unit_name("web"));
+        let down = |sub: &str, n: u32| UnitDetails {
+            active_state: ActiveState::Activating,
+            sub_state: sub.into(),
+            invocation_id: format!("f{n}"),
+            result: crate::systemd::ServiceResult::ExitCode,
+            n_restarts: Some(n),
+            ..Default::default()
+        };
+        show(&mut sup, &path, down("auto-restart", 2)).await;
+        show(&mut sup, &path, down("auto-restart", 3)).await;
+        let r = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (r.state, r.restarts, r.transition_generation),
+            (RecordState::Failed, Some(3), 1)
+        );
+        let stopped = UnitDetails {
+            active_state: ActiveState::Inactive,
+            sub_state: "dead".into(),
+            n_restarts: Some(3),
+            ..down("dead", 3)
+        };
+        show(&mut sup, &path, stopped).await;
+        let started = UnitDetails {
+            active_state: ActiveState::Active,
+            sub_state: "running".into(),
+            invocation_id: "h1".into(),
+            n_restarts: Some(3),
+            ..Default::default()
+        };
+        show(&mut sup, &path, started).await;
+        let r = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(r.last_transition_reason, TransitionReason::StartUser);
+    }
+
+    /// A unit's first signal since the daemon started carries no Service
+    /// half, so no count: systemd's restart was recorded as a user's
+    /// start. The count is read then, with the exit cause.
+    #[tokio::test]
+    async fn a_restart_shown_without_its_count_is_read_again() {
+        let (_d, root, loaded) = crate::testing::temp_root("", &[("web", "restart = \"on-failure\"")]);
+        records::update(&root, "web", |r| {
+            r.state = RecordState::Failed;
+            r.restarts = Some(0);
+            r.last_transition_reason = TransitionReason::UnexpectedExit;
+            true
+        })
+        .unwrap();
+        let ops = FakeOps::default().unit("web", true, Behaviour::Takes(Duration::ZERO));
+        let unit = names::unit_name("web");
+        ops.restarts.borrow_mut().insert(unit.clone(), 1);
+        let mut sup = Supervisor::new(ops, root.clone(), loaded, Events::new("test"), None);
+        sup.on_change(Change::Properties {
+            path: names::unit_object_path(&unit),
+            observed: Some(UnitDetails {
+                active_state: ActiveState::Active,
+                invocation_id: "b".into(),
+                ..Default::default()
+            }),
+            exit_known: false,
+        })
+        .await;
+        let r = records::load(&root, "web").unwrap().unwrap();
+        assert_eq!(
+            (r.last_transition_reason, r.restarts),
+            (TransitionReason::SystemdRestart, Some(1))
         );
     }
 

@@ -102,8 +102,8 @@ pub struct Record {
     /// means it was restarted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invocation_id: Option<String>,
-    /// systemd's NRestarts when the last transition was recorded: its
-    /// automatic restarts since the last start by a job.
+    /// systemd's NRestarts as the daemon last saw it: its automatic
+    /// restarts, counted since systemd last reset it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<u32>,
 }

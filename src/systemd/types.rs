@@ -211,8 +211,8 @@ pub struct UnitDetails {
     pub main_pid: u32,
     /// The SubState: `auto-restart` while systemd waits to restart it.
     pub sub_state: String,
-    /// systemd's NRestarts: its automatic restarts since the last start
-    /// by a job (a start or restart by hand resets it). None when not
+    /// systemd's NRestarts: its automatic restarts, counted since systemd
+    /// last reset it (a start by hand, `reset-failed`). None when not
     /// known (not a service, not read, not in the signal).
     pub n_restarts: Option<u32>,
 }
