@@ -17,6 +17,9 @@
 
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
+# berth-libvirt goes to $(LIBEXECDIR)/berth; berth looks for it there
+# (beside its own PREFIX, or /usr/libexec, /usr/local/libexec).
+LIBEXECDIR ?= $(PREFIX)/libexec
 DATADIR ?= $(PREFIX)/share
 MANDIR ?= $(DATADIR)/man
 PKG_CONFIG ?= pkg-config
@@ -48,8 +51,11 @@ INSTALL ?= install
 .PHONY: all build units man completions install uninstall deb deps lint check check-faults soak demo bench clean FORCE
 all: build units man completions
 
+# berth, then berth-libvirt (libvirt-helper/, which links libvirt:
+# libvirt-dev at build time).
 build:
 	$(CARGO) build --release $(CARGO_FLAGS)
+	$(CARGO) build --release $(CARGO_FLAGS) -p berth-libvirt
 
 # Units name the binary by absolute path. One template per unit serves the
 # system and the user manager; the built binary fills them (the same code
@@ -77,6 +83,7 @@ completions: build
 install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
+	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-libvirt $(DESTDIR)$(LIBEXECDIR)/berth/berth-libvirt
 	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/system/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/user/,$(UNITS)) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/
@@ -96,6 +103,7 @@ install: all
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
+	rm -f $(DESTDIR)$(LIBEXECDIR)/berth/berth-libvirt
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS)) $(addprefix $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/,$(UNITS))
 	rm -f $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)/berth-generator
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
@@ -132,7 +140,7 @@ deps:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets $(CARGO_FLAGS) -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(CARGO_FLAGS) -- -D warnings
 	for page in $(MAN_PAGES); do mandoc -Tlint -W warning $(BUILD_DIR)/man/$$page || exit 1; done
 
 # The whole suite (tests/harness/check): lint, unit, golden, verify and
@@ -180,6 +188,7 @@ bench: all
 	bench/adoption-scale.sh
 	bench/add-burst.sh
 	bench/libvirt-drain.sh
+	bench/libvirt-events.sh
 	bench/cluster-takeover.sh
 	bench/cluster-scale.sh
 	bench/cluster-watchdog.sh

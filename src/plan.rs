@@ -144,6 +144,7 @@ mod tests {
             service: vec![],
             ha: None,
             restart: Some(Default::default()),
+            from_all_guests: false,
         }
     }
 

@@ -78,23 +78,33 @@ impl Lab {
             .collect()
     }
 
-    /// `berth guest vm ARGS`, with NOTIFY_SOCKET on a socket of ours.
+    /// `berth guest vm ARGS`, with NOTIFY_SOCKET on a socket of ours,
+    /// polling virsh (no events helper).
     fn spawn(&self, args: &[&str]) -> (Child, UnixDatagram) {
-        let sock_path = self.path("notify");
+        spawn_with(self, args, &[("BERTH_LIBVIRT_HELPER", "")])
+    }
+}
+
+/// `berth guest vm ARGS` with more environment.
+fn spawn_with(lab: &Lab, args: &[&str], env: &[(&str, &str)]) -> (Child, UnixDatagram) {
+    {
+        let this = lab;
+        let sock_path = this.path("notify");
         let sock = UnixDatagram::bind(&sock_path).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let path = format!(
             "{}:{}",
-            self.path("bin").display(),
+            this.path("bin").display(),
             std::env::var("PATH").unwrap_or_default()
         );
         let child = Command::new(berth_bin())
             .args(["guest", "vm"])
             .args(args)
             .env("PATH", path)
-            .env("VLAB", self.dir.path())
-            .env("BERTH_ROOT", self.dir.path())
+            .env("VLAB", this.dir.path())
+            .env("BERTH_ROOT", this.dir.path())
             .env("NOTIFY_SOCKET", &sock_path)
+            .envs(env.iter().copied())
             .spawn()
             .unwrap();
         (child, sock)
@@ -176,7 +186,91 @@ fn a_stop_is_an_acpi_shutdown() {
     ready(&sock);
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(lab.calls(), ["shutdown --domain vm --mode agent,acpi"]);
+
+    // The mode the workload names goes to virsh as it is.
+    let lab = Lab::new("running");
+    let (mut child, sock) = lab.spawn(&["--stop-delay", "30", "--shutdown-mode", "acpi"]);
+    ready(&sock);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
     assert_eq!(lab.calls(), ["shutdown --domain vm --mode acpi"]);
+}
+
+/// A mode virsh does not know is a usage error (exit 2), not a panic.
+#[test]
+fn an_unknown_shutdown_mode_is_refused() {
+    let lab = Lab::new("running");
+    let out = Command::new(berth_bin())
+        .args(["guest", "vm", "--shutdown-mode", "initctl"])
+        .env("VLAB", lab.dir.path())
+        .env("BERTH_ROOT", lab.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a list of agent and acpi"),
+        "{out:?}"
+    );
+    assert!(lab.calls().is_empty());
+}
+
+/// With the events helper, the guest's end reaches the unit as the
+/// helper reports it, not at the next poll; a helper that exits (the
+/// daemon restarting) is run again, and no end is taken from it.
+#[test]
+fn libvirts_events_end_the_unit_at_once() {
+    let lab = Lab::new("running");
+    let helper = lab.path("bin/berth-libvirt");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\necho run >>\"$VLAB/helper-runs\"\necho 'state 1 1'\n\
+         [ -e \"$VLAB/second\" ] || { touch \"$VLAB/second\"; exit 0; }\n\
+         while [ ! -e \"$VLAB/stop-now\" ]; do sleep 0.02; done\necho 'event 4 0'\necho 'event 5 0'\nsleep 60\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (mut child, sock) = spawn_with(&lab, &[], &[("BERTH_LIBVIRT_HELPER", helper.to_str().unwrap())]);
+    ready(&sock);
+    // The first run exits at once; the watcher runs it again.
+    let began = Instant::now();
+    while std::fs::read_to_string(lab.path("helper-runs"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the helper was not run again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "a resume event or a helper's exit is no end"
+    );
+    // The domain still reads running for virsh: only the event says it ended.
+    std::fs::write(lab.path("stop-now"), "").unwrap();
+    assert_eq!(exit_within(&mut child, Duration::from_secs(1)), 0);
+    assert!(lab.calls().is_empty(), "{:?}", lab.calls());
+}
+
+/// A crash by event fails the unit.
+#[test]
+fn a_crash_event_fails_the_unit() {
+    let lab = Lab::new("running");
+    let helper = lab.path("bin/berth-libvirt");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\necho 'state 1 1'\necho 'event 5 2'\nsleep 60\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (mut child, sock) = spawn_with(&lab, &[], &[("BERTH_LIBVIRT_HELPER", helper.to_str().unwrap())]);
+    ready(&sock);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 1);
 }
 
 #[test]
@@ -194,7 +288,7 @@ fn a_guest_ignoring_acpi_is_destroyed_at_its_stop_delay_unless_force_off_is_off(
     );
     assert_eq!(
         lab.calls(),
-        ["shutdown --domain vm --mode acpi", "destroy --domain vm"]
+        ["shutdown --domain vm --mode agent,acpi", "destroy --domain vm"]
     );
 
     // Without force-off it keeps waiting; the drain's SIGUSR2 destroys it.
@@ -230,7 +324,7 @@ fn power_off_destroys_at_once_and_a_paused_guest_is_resumed_before_acpi() {
     assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0);
     assert_eq!(
         lab.calls(),
-        ["resume --domain vm", "shutdown --domain vm --mode acpi"]
+        ["resume --domain vm", "shutdown --domain vm --mode agent,acpi"]
     );
 }
 
@@ -271,7 +365,10 @@ fn save_is_a_managed_save_and_a_failed_one_falls_back_to_acpi() {
     );
     assert_eq!(
         lab.calls(),
-        ["managedsave --domain vm", "shutdown --domain vm --mode acpi"]
+        [
+            "managedsave --domain vm",
+            "shutdown --domain vm --mode agent,acpi"
+        ]
     );
     assert_eq!(left(&lab), "save-failed\n");
 }

@@ -1,4 +1,4 @@
-//! `berth add NAME [flags] -- ARGV…` / `berth add NAME --unit UNIT
+//! `berth add NAME [flags] -- ARGV…` / `berth add NAME --unit UNIT|--libvirt DOMAIN
 //! [flags]` / `berth add NAME --from FILE`, and
 //! `berth remove NAME [--stop]`: the user interface; the mechanism is
 //! [`crate::manage`].
@@ -25,11 +25,17 @@ pub(super) struct AddArgs {
     #[arg(long)]
     stop: bool,
     /// Take the whole workload file from FILE instead of the flags.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["exec", "unit", "description", "order", "no_autostart", "start_delay", "stop_action", "stop_delay", "ready", "ready_exec", "after", "wants", "env", "run_as", "run_as_group"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["exec", "unit", "libvirt", "shutdown_mode", "description", "order", "no_autostart", "start_delay", "stop_action", "stop_delay", "ready", "ready_exec", "after", "wants", "env", "run_as", "run_as_group"])]
     from: Option<PathBuf>,
     /// Take over an existing service unit instead of running a command.
     #[arg(long, value_name = "UNIT", conflicts_with = "exec")]
     unit: Option<String>,
+    /// Make a libvirt domain of qemu:///system the workload.
+    #[arg(long, value_name = "DOMAIN", conflicts_with_all = ["exec", "unit", "ready", "ready_exec", "env", "run_as", "run_as_group"])]
+    libvirt: Option<String>,
+    /// How a libvirt guest is asked to shut down: agent, acpi, or agent,acpi.
+    #[arg(long, value_name = "MODES", value_delimiter = ',')]
+    shutdown_mode: Vec<String>,
     #[arg(long)]
     description: Option<String>,
     #[arg(long, allow_negative_numbers = true)]
@@ -92,16 +98,17 @@ fn toml_list(items: &[String]) -> String {
 /// The workload file the flags describe. Values are written as given and
 /// checked afterwards by the same rules as any file.
 fn file_from_flags(a: &AddArgs) -> Result<String, String> {
-    let mut t = match &a.unit {
-        Some(unit) => format!("unit = {}\n", toml_string(unit)),
-        None if a.exec.is_empty() => {
+    let mut t = match (&a.unit, &a.libvirt) {
+        (Some(unit), _) => format!("unit = {}\n", toml_string(unit)),
+        (None, Some(domain)) => format!("libvirt = {}\n", toml_string(domain)),
+        (None, None) if a.exec.is_empty() => {
             return Err(
-                "the command to run goes after `--` (or name an existing unit with --unit UNIT, or give the whole \
-                 file with --from FILE)"
+                "the command to run goes after `--` (or name an existing unit with --unit UNIT, a libvirt guest with \
+                 --libvirt DOMAIN, or give the whole file with --from FILE)"
                     .into(),
             );
         }
-        None => format!("exec = {}\n", toml_list(&a.exec)),
+        (None, None) => format!("exec = {}\n", toml_list(&a.exec)),
     };
     let mut line = |key: &str, value: String| t.push_str(&format!("{key} = {value}\n"));
     if let Some(d) = &a.description {
@@ -133,6 +140,12 @@ fn file_from_flags(a: &AddArgs) -> Result<String, String> {
     }
     if !a.wants.is_empty() {
         line("wants", toml_list(&a.wants));
+    }
+    if !a.shutdown_mode.is_empty() {
+        if a.libvirt.is_none() {
+            return Err("--shutdown-mode is for a libvirt guest (--libvirt DOMAIN)".into());
+        }
+        line("shutdown_mode", toml_list(&a.shutdown_mode));
     }
     if let Some(u) = &a.run_as {
         line("user", toml_string(u));
@@ -255,6 +268,44 @@ mod tests {
             let text = format!("v = {}\n", toml_string(s));
             let table: toml::Table = text.parse().unwrap();
             assert_eq!(table["v"].as_str(), Some(s), "{text}");
+        }
+    }
+
+    #[derive(clap::Parser)]
+    struct Add {
+        #[command(flatten)]
+        args: AddArgs,
+    }
+
+    fn flags(argv: &[&str]) -> Result<String, String> {
+        use clap::Parser;
+        let add = Add::try_parse_from(std::iter::once("add").chain(argv.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        file_from_flags(&add.args)
+    }
+
+    #[test]
+    fn a_libvirt_guest_from_flags() {
+        assert_eq!(
+            flags(&[
+                "vm",
+                "--libvirt",
+                "vm-1.prod",
+                "--stop-delay",
+                "90",
+                "--shutdown-mode",
+                "agent,acpi"
+            ])
+            .unwrap(),
+            "libvirt = \"vm-1.prod\"\nstop_delay_s = 90\nshutdown_mode = [\"agent\", \"acpi\"]\n"
+        );
+        for refused in [
+            &["vm", "--libvirt", "d", "--", "/bin/true"][..],
+            &["vm", "--libvirt", "d", "--unit", "x.service"],
+            &["vm", "--libvirt", "d", "--run-as", "nobody"],
+            &["vm", "--shutdown-mode", "acpi", "--", "/bin/true"],
+        ] {
+            assert!(flags(refused).is_err(), "{refused:?}");
         }
     }
 }

@@ -33,11 +33,20 @@ pub(super) fn run(root: &Root, name: &str) -> i32 {
             return 1;
         }
     };
-    let file = match std::fs::read(&w.source) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            say_error(&format!("berth cat: {}: {e}", shown_path(&w.source)));
-            return 1;
+    // A guest covered by `guests = "all"` has no file: what it would say.
+    let file = if w.from_all_guests {
+        format!(
+            "# no workload file: the libvirt domain defined in {} is covered by [libvirt] guests = \"all\"\n",
+            shown_path(&w.source)
+        )
+        .into_bytes()
+    } else {
+        match std::fs::read(&w.source) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                say_error(&format!("berth cat: {}: {e}", shown_path(&w.source)));
+                return 1;
+            }
         }
     };
     let drop_in = render::workload_drop_in(root, &w);

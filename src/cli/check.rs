@@ -69,6 +69,12 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
                 "force_off_on_timeout": w.force_off_on_timeout,
                 "ha_nodes": w.ha.as_ref().map(|h| &h.nodes),
                 "restart": w.restart,
+                "libvirt_domain": w.libvirt_domain(),
+                "shutdown_mode": match &w.kind {
+                    WorkloadKind::Libvirt { shutdown_mode, .. } => Some(shutdown_mode),
+                    _ => None,
+                },
+                "from_all_guests": w.from_all_guests,
             })
         })
         .collect();
@@ -109,27 +115,31 @@ fn check_json(loaded: &Loaded) -> serde_json::Value {
 fn check_live(root: &Root) -> i32 {
     let loaded = config::load(root);
     let configured: Vec<String> = loaded.workloads.iter().map(|w| w.unit_name()).collect();
-    let has_guests = loaded
-        .workloads
-        .iter()
-        .any(|w| matches!(w.kind, WorkloadKind::Libvirt { .. }));
+    let all_guests = loaded.host.libvirt.guests == config::GuestCoverage::All;
+    let has_guests = all_guests
+        || loaded
+            .workloads
+            .iter()
+            .any(|w| matches!(w.kind, WorkloadKind::Libvirt { .. }));
     let gathered = with_systemd(root, |sd| async move {
         let found = live::gather(&sd, &configured)
             .await
             .map_err(|e| anyhow::anyhow!("cannot inspect the loaded units: {e}"))?;
         // libvirt-guests acts at boot when enabled, and at this shutdown
         // when it is active, enabled or not.
-        let guests_service = has_guests
-            && (matches!(
+        let enabled = has_guests
+            && matches!(
                 sd.unit_file_state("libvirt-guests.service").await,
                 Ok(UnitFileState::Enabled | UnitFileState::EnabledRuntime)
-            ) || sd
+            );
+        let active = has_guests
+            && sd
                 .active_state("libvirt-guests.service")
                 .await
-                .is_ok_and(|s| s.is_running()));
-        Ok((found, guests_service))
+                .is_ok_and(|s| s.is_running());
+        Ok((found, (enabled, active)))
     });
-    let ((workloads, units), guests_service) = match gathered {
+    let ((workloads, units), (guests_service_enabled, guests_service_active)) = match gathered {
         Ok(found) => found,
         Err(e) => return super::fail("check --live", &e),
     };
@@ -149,7 +159,7 @@ fn check_live(root: &Root) -> i32 {
             .workloads
             .iter()
             .filter_map(|w| match &w.kind {
-                WorkloadKind::Libvirt { domain } => Some(libvirt::check::Guest {
+                WorkloadKind::Libvirt { domain, .. } => Some(libvirt::check::Guest {
                     workload: w.name.clone(),
                     unit: w.unit_name(),
                     domain: domain.clone(),
@@ -159,11 +169,16 @@ fn check_live(root: &Root) -> i32 {
                         .get(&w.unit_name())
                         .is_some_and(|u| u.active_state.is_running()),
                     ha: w.ha.is_some() && loaded.host.cluster.is_some(),
+                    from_all_guests: w.from_all_guests,
+                    drop_in_loaded: units.get(&w.unit_name()).is_some_and(|u| {
+                        let ours = format!("/{}.d/{}", w.unit_name(), crate::render::DROP_IN_NAME);
+                        u.drop_ins.iter().any(|p| p.ends_with(&ours))
+                    }),
                 }),
                 _ => None,
             })
             .collect();
-        let host = libvirt::check::gather(root, guests_service);
+        let host = libvirt::check::gather(root, all_guests, guests_service_enabled, guests_service_active);
         problems.extend(libvirt::check::problems(&guests, &host));
         guest_warnings = libvirt::check::warnings(&guests, &host);
     }
@@ -310,7 +325,18 @@ pub fn check_report(loaded: &Loaded) -> String {
             let runs = match &w.kind {
                 WorkloadKind::Command { exec, .. } => exec[0].clone(),
                 WorkloadKind::Existing { .. } => "an existing unit, its own command".to_string(),
-                WorkloadKind::Libvirt { domain } => format!("libvirt domain {domain}"),
+                WorkloadKind::Libvirt {
+                    domain,
+                    shutdown_mode,
+                } => format!(
+                    "libvirt domain {domain}{}, shut down by {}",
+                    if w.from_all_guests {
+                        " (guests = \"all\")"
+                    } else {
+                        ""
+                    },
+                    config::ShutdownMode::join(shutdown_mode)
+                ),
             };
             let stop = match w.stop_action {
                 config::StopAction::PowerOff => "power_off".to_string(),

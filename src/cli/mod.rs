@@ -198,7 +198,15 @@ enum Verb {
         no_force_off: bool,
         #[arg(long)]
         save: bool,
+        /// How to ask the guest to shut down: agent, acpi, or both (libvirt tries the agent first).
+        #[arg(long, value_name = "MODES", default_value = "agent,acpi", value_parser = shutdown_modes)]
+        shutdown_mode: String,
     },
+}
+
+/// `--shutdown-mode`: checked, and passed on to virsh as written.
+fn shutdown_modes(text: &str) -> Result<String, String> {
+    crate::config::ShutdownMode::split(text).map(|m| crate::config::ShutdownMode::join(&m))
 }
 
 #[derive(Subcommand, Debug)]
@@ -240,6 +248,7 @@ pub fn main() -> i32 {
             power_off,
             no_force_off,
             save,
+            shutdown_mode,
         } => with_root(root, |r| {
             crate::libvirt::guest::run(
                 r,
@@ -249,6 +258,7 @@ pub fn main() -> i32 {
                     power_off,
                     force_off: !no_force_off,
                     save,
+                    shutdown_mode,
                 },
             )
         }),

@@ -6,6 +6,7 @@ use toml::Table;
 
 use super::checks::{Autostart, MAX_DELAY_S, check_unit_list};
 use super::cluster::{self, ClusterSettings};
+use super::guests::{self, LibvirtSettings};
 use super::read::{Origin, Reader, merge, parse_file};
 use super::restart::{self, RestartPolicy};
 use super::{ConfigError, Manager};
@@ -30,6 +31,8 @@ pub struct HostSettings {
     pub daemon: DaemonSettings,
     /// `[cluster]`: None on a single host (and when the section has errors).
     pub cluster: Option<ClusterSettings>,
+    /// `[libvirt]`: which guests are workloads, and their defaults.
+    pub libvirt: LibvirtSettings,
     /// The manager these settings are for (decides defaults and limits).
     pub manager: Manager,
 }
@@ -63,6 +66,7 @@ impl Default for HostSettings {
             drain_after: Vec::new(),
             daemon: DaemonSettings::default(),
             cluster: None,
+            libvirt: LibvirtSettings::default(),
             manager: Manager::System,
         }
     }
@@ -108,6 +112,7 @@ const HOST_KEYS: &[&str] = &[
     "drain_after",
     "daemon",
     "cluster",
+    "libvirt",
 ];
 const DAEMON_KEYS: &[&str] = &[
     "enabled",
@@ -241,6 +246,13 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         }
         Some(cluster)
     });
+    let libvirt = match r.opt_table("libvirt") {
+        Some(t) => {
+            let origin = r.origin();
+            guests::read(t, origin, manager, default_autostart, &mut r.errors)
+        }
+        None => d.libvirt.clone(),
+    };
     errors.append(&mut r.finish(HOST_KEYS));
     errors.append(&mut daemon_errors);
 
@@ -254,6 +266,7 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
         drain_after,
         daemon,
         cluster,
+        libvirt,
         manager,
     }
 }

@@ -9,6 +9,7 @@
 mod checks;
 pub mod cluster;
 mod error;
+pub mod guests;
 pub mod host;
 mod passthrough;
 mod read;
@@ -19,12 +20,14 @@ mod workload;
 pub use crate::names::{is_valid_workload_name, unit_name};
 pub use cluster::{ClusterSettings, Watchdog};
 pub use error::{ConfigError, is_representable, shown_path};
+pub use guests::{GuestCoverage, LibvirtSettings, ShutdownMode};
 pub use host::{DaemonSettings, HostSettings};
 pub use passthrough::{ACCEPTED_SAMPLES, PassthroughKind, TYPED_SETTINGS, passthrough_rule};
 pub use restart::{Restart, RestartPolicy};
 pub use source::Discovered;
 pub use workload::{Autostart, HaPolicy, Readiness, StopAction, Workload, WorkloadKind};
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::paths::{Root, WORKLOAD_DIR};
@@ -76,10 +79,10 @@ impl Loaded {
 /// Loads and validates everything under `root`.
 pub fn load(root: &Root) -> Loaded {
     let found = source::discover(root);
-    load_discovered(found, &HostSettings::defaults_for(root))
+    load_discovered(root, found, &HostSettings::defaults_for(root))
 }
 
-fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
+fn load_discovered(root: &Root, found: Discovered, defaults: &HostSettings) -> Loaded {
     let mut errors = found.errors;
 
     let (host, mut host_errors) = host::load(&found.host_files, defaults);
@@ -94,6 +97,18 @@ fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
             Err(mut e) => errors.append(&mut e),
         }
     }
+    if host.libvirt.guests == GuestCoverage::All {
+        let files: BTreeMap<String, Option<PathBuf>> = found
+            .workloads
+            .iter()
+            .map(|(name, _)| (name.clone(), None))
+            .chain(found.masked.iter().map(|name| (name.clone(), None)))
+            .chain(workloads.iter().map(|w| (w.name.clone(), Some(w.source.clone()))))
+            .collect();
+        let (mut covered, mut covered_errors) = all_guests(root, &host, &files, &workloads);
+        workloads.append(&mut covered);
+        errors.append(&mut covered_errors);
+    }
     // Found in file-name order ("a-b.toml" before "a.toml"); by name here.
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
     errors.extend(refuse_shared_units(&mut workloads, &host));
@@ -106,6 +121,35 @@ fn load_discovered(found: Discovered, defaults: &HostSettings) -> Loaded {
         masked: found.masked,
         errors,
     }
+}
+
+/// `guests = "all"`: a workload for each domain on disk that no workload
+/// file names, the exclude list leaves in, and whose name is free.
+fn all_guests(
+    root: &Root,
+    host: &HostSettings,
+    files: &BTreeMap<String, Option<PathBuf>>,
+    workloads: &[Workload],
+) -> (Vec<Workload>, Vec<ConfigError>) {
+    let (domains, mut errors) = guests::domains_on_disk(root);
+    let named: std::collections::BTreeSet<&str> =
+        workloads.iter().filter_map(|w| w.libvirt_domain()).collect();
+    let mut covered = Vec::new();
+    for d in &domains {
+        if let Some(why) = guests::decide(&host.libvirt, &d.domain, files, &named) {
+            errors.extend(guests::not_covered_error(d, &why));
+            continue;
+        }
+        let table = guests::covered_table(&host.libvirt, &d.domain);
+        match workload::load_table(&d.domain, &d.path, &table, host) {
+            Ok(mut w) => {
+                w.from_all_guests = true;
+                covered.push(w);
+            }
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    (covered, errors)
 }
 
 /// Rules across files for `unit =` workloads: one workload per unit (the
@@ -176,13 +220,29 @@ fn shared_unit(w: &Workload, host: &HostSettings, owner: Option<&Workload>) -> O
     Some(ConfigError::key(&w.source, "unit", why))
 }
 
+/// Whether the host files say `[libvirt] guests = "all"`.
+fn guests_all(root: &Root) -> bool {
+    let host = source::discover_host(root);
+    host::load(&host.host_files, &HostSettings::defaults_for(root))
+        .0
+        .libvirt
+        .guests
+        == GuestCoverage::All
+}
+
 /// One workload's current definition, reading only its file and the host
 /// files (what the supervisor needs on a transition).
 pub fn load_workload(root: &Root, name: &str) -> Option<Workload> {
-    let path = source::find_workload(root, name)?;
+    let path = source::find_workload(root, name);
     let host = source::discover_host(root);
     let (host, _) = host::load(&host.host_files, &HostSettings::defaults_for(root));
-    workload::load(name, &path, &host).ok()
+    match path {
+        Some(path) => workload::load(name, &path, &host).ok(),
+        // A guest `guests = "all"` covers has no file: what the whole
+        // load makes of it.
+        None if host.libvirt.guests == GuestCoverage::All => load(root).workload(name).cloned(),
+        None => None,
+    }
 }
 
 /// The workload file of `name` that wins (None: none, or masked).
@@ -222,6 +282,25 @@ pub fn check_workload_text(
 /// again under the configuration lock, where no other writer can change
 /// the answer before its file is in place.
 pub fn check_against_others(root: &Root, w: &Workload) -> Result<(), Vec<ConfigError>> {
+    // A guest `guests = "all"` covers under its own name would be
+    // followed by two units at once, the covered one until the reload
+    // and the new one from its start.
+    if let Some(d) = w.libvirt_domain()
+        && w.name != d
+        && guests_all(root)
+        && load(root)
+            .workload(d)
+            .is_some_and(|c| c.from_all_guests && c.libvirt_domain() == Some(d))
+    {
+        return Err(vec![ConfigError::key(
+            &w.source,
+            "libvirt",
+            format!(
+                "domain {d} is covered by [libvirt] guests = \"all\" as workload {d} (berth@{d}.service): name this \
+                 workload {d}, so that its file takes the covered one's place in the same unit, or exclude {d} first"
+            ),
+        )]);
+    }
     let names_an_instance = w
         .after
         .iter()
@@ -349,5 +428,186 @@ mod tests {
         let map = loaded.workload_units();
         assert_eq!(map.unit_of("a"), "pg.service");
         assert_eq!(map.workload_of("web.service"), Some("d"));
+    }
+
+    /// `guests = "all"`: every domain on disk but those a file names,
+    /// excludes, masks or takes the name of; the host's guest defaults on
+    /// the covered ones, its shutdown modes on every guest.
+    #[test]
+    fn all_guests_cover_every_domain_without_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/berth/workloads");
+        let qemu = dir.path().join("etc/libvirt/qemu");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::create_dir_all(qemu.join("autostart")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[libvirt]\nguests = \"all\"\nexclude = [\"scratch-*\"]\norder = 20\nstop_delay_s = 120\n\
+             autostart = \"last-state\"\nshutdown_mode = [\"acpi\"]\n",
+        )
+        .unwrap();
+        std::fs::write(etc.join("web.toml"), "exec = [\"/bin/web\"]\n").unwrap();
+        std::fs::write(etc.join("db.toml"), "exec = [\"/bin/db\"]\n").unwrap();
+        std::fs::write(
+            etc.join("legacy.toml"),
+            "libvirt = \"old-vm\"\nshutdown_mode = [\"agent\"]\n",
+        )
+        .unwrap();
+        std::fs::write(etc.join("broken.toml"), "exec = 1\n").unwrap();
+        std::os::unix::fs::symlink("/dev/null", etc.join("quiet.toml")).unwrap();
+        for d in [
+            "vm1",
+            "vm2",
+            "old-vm",
+            "scratch-1",
+            "db",
+            "quiet",
+            "broken",
+            "a:b",
+            "x\"y",
+        ] {
+            std::fs::write(qemu.join(format!("{d}.xml")), "<domain/>").unwrap();
+        }
+        let loaded = load(&Root::new(dir.path()));
+        let got: Vec<(&str, Option<&str>, bool)> = loaded
+            .workloads
+            .iter()
+            .map(|w| (w.name.as_str(), w.libvirt_domain(), w.from_all_guests))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("db", None, false),
+                ("legacy", Some("old-vm"), false),
+                ("vm1", Some("vm1"), true),
+                ("vm2", Some("vm2"), true),
+                ("web", None, false),
+            ]
+        );
+        let vm1 = loaded.workload("vm1").unwrap();
+        assert_eq!(
+            (vm1.order, vm1.stop_delay_s, vm1.autostart),
+            (20, 120, Autostart::LastState)
+        );
+        assert_eq!(vm1.source, qemu.join("vm1.xml"));
+        let modes = |w: &Workload| match &w.kind {
+            WorkloadKind::Libvirt { shutdown_mode, .. } => shutdown_mode.clone(),
+            _ => Vec::new(),
+        };
+        assert_eq!(modes(vm1), [ShutdownMode::Acpi]);
+        assert_eq!(modes(loaded.workload("legacy").unwrap()), [ShutdownMode::Agent]);
+        let legacy = loaded.workload("legacy").unwrap();
+        assert_eq!(
+            (legacy.order, legacy.autostart),
+            (0, Autostart::Yes),
+            "a file keeps the workload defaults"
+        );
+        let errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        for want in [
+            "broken.toml: exec: must be a list",
+            "db.xml: libvirt domain \"db\" is not covered by guests = \"all\": workload db (",
+            "a:b.xml: libvirt domain \"a:b\" is not covered by guests = \"all\": its name is not a workload name",
+            "x\"y.xml: libvirt domain \"x\\\"y\" is not covered",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "{want:?} not in {errors:#?}"
+            );
+        }
+        // `berth add` of another name for a covered guest: refused.
+        let other = check_workload_text(
+            &Root::new(dir.path()),
+            "vm1-db",
+            &etc.join("vm1-db.toml"),
+            "libvirt = \"vm1\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            other[0]
+                .to_string()
+                .contains("domain vm1 is covered by [libvirt] guests = \"all\" as workload vm1"),
+            "{other:?}"
+        );
+        assert!(
+            check_workload_text(
+                &Root::new(dir.path()),
+                "vm1",
+                &etc.join("vm1.toml"),
+                "libvirt = \"vm1\"\n"
+            )
+            .is_ok()
+        );
+        // The supervisor's one-workload read finds a covered guest too.
+        assert_eq!(
+            load_workload(&Root::new(dir.path()), "vm2").map(|w| w.from_all_guests),
+            Some(true)
+        );
+        assert!(load_workload(&Root::new(dir.path()), "scratch-1").is_none());
+    }
+
+    /// `[libvirt]` in error: each key named, its default kept.
+    #[test]
+    fn libvirt_settings_in_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/berth")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[libvirt]\nguests = \"some\"\nstop_action = \"halt\"\nshutdown_mode = [\"agent\", \"agent\"]\n\
+             exclude = \"vm\"\nautostart = 3\norder = 2000000\nguest = 1\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/libvirt/qemu")).unwrap();
+        std::fs::write(dir.path().join("etc/libvirt/qemu/vm.xml"), "").unwrap();
+        let loaded = load(&Root::new(dir.path()));
+        assert!(loaded.workloads.is_empty(), "guests stays \"listed\"");
+        assert_eq!(loaded.host.libvirt, LibvirtSettings::default());
+        let errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+        for want in [
+            "libvirt.guests: must be \"listed\" or \"all\", not \"some\"",
+            "libvirt.stop_action: must be \"guest_shutdown\", \"power_off\" or \"save\", not \"halt\"",
+            "libvirt.shutdown_mode[1]: \"agent\" is listed twice",
+            "libvirt.exclude: must be a list of domain name or patterns, not string",
+            "libvirt.autostart: must be true, false or \"last-state\", not integer",
+            "libvirt.order: must be from -1000000 to 1000000, not 2000000",
+            "libvirt.guest: unknown key (did you mean \"guests\"?)",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "{want:?} not in {errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), 7, "{errors:#?}");
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[libvirt]\nshutdown_mode = []\n",
+        )
+        .unwrap();
+        let errors: Vec<String> = load(&Root::new(dir.path()))
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors[0].contains("libvirt.shutdown_mode: must name at least one"),
+            "{errors:?}"
+        );
+        std::fs::write(dir.path().join("etc/berth/workloads.toml"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/berth/workloads")).unwrap();
+        std::fs::write(dir.path().join("etc/berth/berth.toml"), "").unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/workloads/web.toml"),
+            "exec = [\"/x\"]\nshutdown_mode = [\"acpi\"]\n",
+        )
+        .unwrap();
+        let errors: Vec<String> = load(&Root::new(dir.path()))
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors[0].contains("shutdown_mode: is for a libvirt guest"),
+            "{errors:?}"
+        );
     }
 }

@@ -7,6 +7,7 @@ use toml::Value;
 
 pub use super::checks::Autostart;
 use super::checks::{MAX_DELAY_S, SHUTDOWN_AND_MODE_UNITS, check_unit_list, is_valid_unit_name};
+use super::guests::{self, ShutdownMode};
 use super::host::HostSettings;
 use super::passthrough::{self, ServiceSetting};
 use super::read::{Origin, Reader, control_char, describe_control, parse_file, parse_text};
@@ -95,7 +96,11 @@ pub enum WorkloadKind {
     /// `berth guest`, which starts or adopts the guest, follows it, and
     /// stops it by ACPI or destroys it as the workload says. QEMU itself
     /// runs in libvirt's machine scope.
-    Libvirt { domain: String },
+    Libvirt {
+        domain: String,
+        /// How a graceful stop asks it to shut down.
+        shutdown_mode: Vec<ShutdownMode>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +134,9 @@ pub struct Workload {
     /// existing unit whose file sets none of the restart keys: it keeps
     /// its own `Restart=`.
     pub restart: Option<RestartPolicy>,
+    /// A guest covered by `[libvirt] guests = "all"`: `source` is its
+    /// domain's definition, not a workload file.
+    pub from_all_guests: bool,
 }
 
 impl Workload {
@@ -150,7 +158,7 @@ impl Workload {
     /// The libvirt domain this workload is (`libvirt =`), if it is one.
     pub fn libvirt_domain(&self) -> Option<&str> {
         match &self.kind {
-            WorkloadKind::Libvirt { domain } => Some(domain),
+            WorkloadKind::Libvirt { domain, .. } => Some(domain),
             _ => None,
         }
     }
@@ -252,11 +260,22 @@ const WORKLOAD_KEYS: &[&str] = &[
     "restart_delay_s",
     "start_limit_interval_s",
     "start_limit_burst",
+    "shutdown_mode",
 ];
 
 pub(super) fn load(name: &str, path: &Path, host: &HostSettings) -> Result<Workload, Vec<ConfigError>> {
     let table = parse_file(path).map_err(|e| vec![e])?;
     from_table(name, path, &table, host)
+}
+
+/// A workload made of `table`, as if read from `path`.
+pub(super) fn load_table(
+    name: &str,
+    path: &Path,
+    table: &toml::Table,
+    host: &HostSettings,
+) -> Result<Workload, Vec<ConfigError>> {
+    from_table(name, path, table, host)
 }
 
 /// `text` as the workload file `path` would be read, before it is there.
@@ -284,6 +303,12 @@ fn from_table(
     if let Some(domain) = libvirt {
         let kind = libvirt_kind(&mut r, domain, host);
         return finish(name, path, r, errors, kind, host, true);
+    }
+    if r.take("shutdown_mode").is_some() {
+        r.error(
+            "shutdown_mode",
+            "is for a libvirt guest (libvirt = \"DOMAIN\"): how its watcher asks the guest to shut down",
+        );
     }
     let unit = r.opt_text("unit");
     let kind = match (r.take("exec"), unit) {
@@ -392,6 +417,7 @@ fn finish(
             service,
             ha,
             restart,
+            from_all_guests: false,
         }),
         _ => Err(errors),
     }
@@ -645,7 +671,12 @@ fn libvirt_kind(r: &mut Reader, domain: String, host: &HostSettings) -> Option<W
             "is for the system manager: a user manager's qemu:///session has no machine scopes to order",
         );
     }
-    libvirt_domain(r, domain).map(|domain| WorkloadKind::Libvirt { domain })
+    let shutdown_mode =
+        guests::shutdown_modes(r, "shutdown_mode").unwrap_or_else(|| host.libvirt.shutdown_mode.clone());
+    libvirt_domain(r, domain).map(|domain| WorkloadKind::Libvirt {
+        domain,
+        shutdown_mode,
+    })
 }
 
 /// An argv for `exec`/`stop_exec`: a non-empty list of strings whose first

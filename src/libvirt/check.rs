@@ -23,6 +23,11 @@ pub struct Guest {
     pub unit_active: bool,
     /// An HA workload (`ha = true`, cluster mode): one node at a time.
     pub ha: bool,
+    /// Covered by `[libvirt] guests = "all"` (no file of its own).
+    pub from_all_guests: bool,
+    /// systemd has berth's generated drop-in for its unit loaded: false
+    /// for a domain defined since the last daemon-reload.
+    pub drop_in_loaded: bool,
 }
 
 /// libvirt-guests.service, when it is enabled: its settings, the script's
@@ -46,7 +51,14 @@ pub struct Domains {
 
 #[derive(Debug, Clone)]
 pub struct HostView {
+    /// `[libvirt] guests = "all"`: every guest is berth's, and whatever
+    /// else acts on guests at boot or shutdown is a problem, not a
+    /// warning.
+    pub all_guests: bool,
+    /// libvirt-guests.service, enabled or active.
     pub guests_service: Option<GuestsService>,
+    /// Enabled: it acts at the next boot and shutdown too.
+    pub guests_service_enabled: bool,
     /// `(file, key, value)`: qemu.conf's auto_shutdown_* actions that are
     /// not "none".
     pub auto_shutdown: Vec<(PathBuf, String, String)>,
@@ -138,10 +150,21 @@ pub fn conf_settings(text: &str) -> BTreeMap<String, String> {
 /// The warnings for `guests` on a host that looks like `host`.
 pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
     let mut out = Vec::new();
-    if guests.is_empty() {
+    if guests.is_empty() && !host.all_guests {
         return out;
     }
-    if let Some(s) = &host.guests_service {
+    for g in guests.iter().filter(|g| g.from_all_guests && !g.drop_in_loaded) {
+        out.push(format!(
+            "libvirt domain {d} is covered by [libvirt] guests = \"all\", but systemd has not loaded the drop-in \
+             berth generates for {u}: the domain was defined after the last daemon-reload, so berth neither starts \
+             nor drains it yet; `berth reload` covers it",
+            d = g.domain,
+            u = g.unit
+        ));
+    }
+    // With every guest berth's, these are problems (`problems`).
+    let all_guests_service = host.all_guests && host.guests_service_enabled;
+    if let Some(s) = host.guests_service.as_ref().filter(|_| !all_guests_service) {
         if s.on_boot == "start" {
             out.push(format!(
                 "libvirt-guests.service is enabled with ON_BOOT=start ({}): at boot it starts again the guests \
@@ -183,7 +206,7 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
             ));
         }
     }
-    for (file, key, value) in &host.auto_shutdown {
+    for (file, key, value) in host.auto_shutdown.iter().filter(|_| !host.all_guests) {
         out.push(format!(
             "{} sets {key} = \"{}\": libvirt's QEMU driver then saves, shuts down or powers off guests itself \
              when the host shuts down, outside berth's drain, its order, deadline and outcomes; set it to \
@@ -246,12 +269,43 @@ pub fn warnings(guests: &[Guest], host: &HostView) -> Vec<String> {
 
 /// What breaks an invariant outright: an HA guest whose domain has
 /// libvirt's autostart flag is started by libvirtd on every node that
-/// has the domain, past `berth owner-check`: two nodes may run it.
+/// has the domain, past `berth owner-check`: two nodes may run it. And
+/// with `guests = "all"`, libvirt-guests enabled or the QEMU driver's own
+/// shutdown actions: they act on the same guests as berth, at boot and
+/// at shutdown, outside its order, freezes, deadline and outcomes.
 pub fn problems(guests: &[Guest], host: &HostView) -> Vec<String> {
+    let mut out = Vec::new();
+    if host.all_guests {
+        if let Some(s) = host
+            .guests_service
+            .as_ref()
+            .filter(|_| host.guests_service_enabled)
+        {
+            out.push(format!(
+                "libvirt-guests.service is enabled while [libvirt] guests = \"all\" makes every guest berth's: it \
+                 starts guests at boot (ON_BOOT={}) and saves or shuts them down at shutdown (ON_SHUTDOWN={}, \
+                 {}) outside berth's order, freezes and deadline; run `systemctl disable libvirt-guests.service` \
+                 (without --now: stopping it now would run its shutdown action on the running guests)",
+                s.on_boot.escape_debug(),
+                s.on_shutdown.escape_debug(),
+                s.file.display()
+            ));
+        }
+        for (file, key, value) in &host.auto_shutdown {
+            out.push(format!(
+                "{f} sets {key} = \"{v}\" while [libvirt] guests = \"all\" makes every guest berth's: libvirt's \
+                 QEMU driver would save, shut down or power off the guests itself at shutdown, outside berth's \
+                 drain; set {key} = \"none\" in {f}, then `systemctl try-restart virtqemud.service` (running guests \
+                 keep running)",
+                f = file.display(),
+                v = value.escape_debug()
+            ));
+        }
+    }
     let Ok(domains) = &host.domains else {
-        return Vec::new();
+        return out;
     };
-    guests
+    out.extend(guests
         .iter()
         .filter(|g| g.ha && domains.autostart.contains(&g.domain))
         .map(|g| {
@@ -262,13 +316,14 @@ pub fn problems(guests: &[Guest], host: &HostView) -> Vec<String> {
                 d = g.domain,
                 w = g.workload
             )
-        })
-        .collect()
+        }));
+    out
 }
 
 /// Reads the host's libvirt settings (under `root`) and asks virsh.
-pub fn gather(root: &Root, guests_service_enabled: bool) -> HostView {
-    let guests_service = guests_service_enabled.then(|| guests_service(root));
+/// libvirt-guests.service is `enabled`, or at least `active`.
+pub fn gather(root: &Root, all_guests: bool, enabled: bool, active: bool) -> HostView {
+    let guests_service = (enabled || active).then(|| guests_service(root));
     let mut unreadable = None;
     let auto_shutdown = match std::fs::read_to_string(root.join(QEMU_CONF)) {
         Ok(text) => {
@@ -288,7 +343,9 @@ pub fn gather(root: &Root, guests_service_enabled: bool) -> HostView {
         }
     };
     HostView {
+        all_guests,
         guests_service,
+        guests_service_enabled: enabled,
         auto_shutdown,
         unreadable,
         domains: domains(),
@@ -359,6 +416,8 @@ mod tests {
             force_off_on_timeout: force,
             unit_active: active,
             ha: false,
+            from_all_guests: false,
+            drop_in_loaded: true,
         }
     }
 
@@ -377,6 +436,8 @@ mod tests {
 
     fn host(guests_service: Option<GuestsService>, domains: Domains) -> HostView {
         HostView {
+            all_guests: false,
+            guests_service_enabled: guests_service.is_some(),
             guests_service,
             auto_shutdown: Vec::new(),
             unreadable: None,
@@ -474,7 +535,9 @@ mod tests {
                 "virsh unanswered",
                 vec![plain.clone()],
                 HostView {
+                    all_guests: false,
                     guests_service: None,
+                    guests_service_enabled: false,
                     auto_shutdown: vec![(
                         "/etc/libvirt/qemu.conf".into(),
                         "auto_shutdown_try_shutdown".into(),
@@ -537,6 +600,64 @@ mod tests {
         assert!(problems(&[ha], &unanswered).is_empty());
     }
 
+    /// With every guest berth's, libvirt-guests enabled and the QEMU
+    /// driver's shutdown actions are problems with their fix, not
+    /// warnings; libvirt-guests only active (disabled, not yet stopped)
+    /// stays a warning. A domain defined since the last reload is named.
+    #[test]
+    fn all_guests_make_the_other_shutdown_paths_problems() {
+        let covered = Guest {
+            from_all_guests: true,
+            ..guest("vm", Autostart::Yes, true, true)
+        };
+        let new = Guest {
+            from_all_guests: true,
+            drop_in_loaded: false,
+            ..guest("new", Autostart::Yes, true, false)
+        };
+        let mut view = host(service("ignore", "shutdown"), Domains::default());
+        view.all_guests = true;
+        view.auto_shutdown = vec![(
+            "/etc/libvirt/qemu.conf".into(),
+            "auto_shutdown_try_shutdown".into(),
+            "persistent".into(),
+        )];
+        let guests = [covered.clone(), new];
+        let found = problems(&guests, &view);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found[0].contains("run `systemctl disable libvirt-guests.service` (without --now"),
+            "{}",
+            found[0]
+        );
+        assert!(
+            found[1].contains("set auto_shutdown_try_shutdown = \"none\" in /etc/libvirt/qemu.conf, then `systemctl try-restart virtqemud.service`"),
+            "{}",
+            found[1]
+        );
+        let said = warnings(&guests, &view);
+        assert_eq!(said.len(), 1, "{said:#?}");
+        assert!(said[0].contains(
+            "libvirt domain dom-new is covered by [libvirt] guests = \"all\", but systemd has not loaded"
+        ));
+        assert!(said[0].contains("`berth reload` covers it"));
+
+        // Disabled, still active until the next shutdown: as before.
+        view.guests_service_enabled = false;
+        view.auto_shutdown.clear();
+        assert!(problems(std::slice::from_ref(&covered), &view).is_empty());
+        view.guests_service = service("start", "shutdown");
+        let said = warnings(std::slice::from_ref(&covered), &view);
+        assert_eq!(said.len(), 1, "{said:#?}");
+        assert!(said[0].contains("ON_BOOT=start"));
+        // No guest defined yet: still checked.
+        view.guests_service_enabled = true;
+        assert_eq!(problems(&[], &view).len(), 1);
+        // Listed guests: warnings, as before.
+        view.all_guests = false;
+        assert!(problems(&[covered], &view).is_empty());
+    }
+
     /// Review of issue 12: `export`, tabs before comments and comments
     /// after libvirt values were misread.
     #[test]
@@ -564,6 +685,8 @@ mod tests {
     #[test]
     fn settings_are_escaped_in_warnings() {
         let host = HostView {
+            all_guests: false,
+            guests_service_enabled: true,
             guests_service: Some(GuestsService {
                 file: "/etc/default/libvirt-guests".into(),
                 on_boot: "ignore".into(),

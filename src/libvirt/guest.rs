@@ -50,6 +50,8 @@ pub struct Policy {
     pub force_off: bool,
     /// Managed save first (stop_action = "save").
     pub save: bool,
+    /// `virsh shutdown --mode`'s value: "agent,acpi", "acpi", "agent".
+    pub shutdown_mode: String,
 }
 
 /// The watcher's exit status when the guest was saved (the unit counts
@@ -143,41 +145,120 @@ pub fn run(root: &crate::paths::Root, domain: &str, policy: &Policy) -> i32 {
     follow(domain, policy, &events)
 }
 
-/// Until the guest ends or the unit is stopped.
+/// Until the guest ends or the unit is stopped: by libvirt's events
+/// where berth-libvirt is installed, else by reading its state every
+/// [`FOLLOW_EVERY`].
 fn follow(domain: &str, policy: &Policy, events: &Events) -> i32 {
+    match super::events::helper() {
+        Some(helper) => follow_events(domain, policy, events, &helper),
+        None => follow_polling(domain, policy, events),
+    }
+}
+
+fn follow_polling(domain: &str, policy: &Policy, events: &Events) -> i32 {
     let mut unreachable_said = false;
     loop {
         if STOP.load(Ordering::SeqCst) {
             return stop(domain, policy, events);
         }
-        match state_with_reason(domain) {
-            // A crash is a failure of the unit (its `restart =
-            // "on-failure"` starts it again); the guest's own shutdown is
-            // not.
-            Ok((s, reason)) if s.is_crash(reason.as_deref()) => {
+        if let Some(code) = poll_once(domain, events, &mut unreachable_said) {
+            return code;
+        }
+        sleep_unless_signalled(FOLLOW_EVERY);
+    }
+}
+
+/// One read of the state: the unit's exit status once the guest has
+/// ended.
+fn poll_once(domain: &str, events: &Events, unreachable_said: &mut bool) -> Option<i32> {
+    match state_with_reason(domain) {
+        // A crash is a failure of the unit (its `restart = "on-failure"`
+        // starts it again); the guest's own shutdown is not.
+        Ok((s, reason)) if s.is_crash(reason.as_deref()) => {
+            events.warn(&format!(
+                "guest {domain} crashed ({s:?}, {})",
+                reason.as_deref().unwrap_or("no reason")
+            ));
+            Some(1)
+        }
+        Ok((DomainState::ShutOff, reason)) => {
+            events.info(&format!(
+                "guest {domain} is shut off ({})",
+                reason.as_deref().unwrap_or("no reason given")
+            ));
+            Some(0)
+        }
+        Ok(_) => {
+            *unreachable_said = false;
+            None
+        }
+        // A libvirt daemon restarting is no end of the guest.
+        Err(e) => {
+            if !*unreachable_said {
                 events.warn(&format!(
-                    "guest {domain} crashed ({s:?}, {})",
-                    reason.as_deref().unwrap_or("no reason")
+                    "guest {domain}: cannot read its state ({e}); still following"
                 ));
-                return 1;
+                *unreachable_said = true;
             }
-            Ok((DomainState::ShutOff, reason)) => {
-                events.info(&format!(
-                    "guest {domain} is shut off ({})",
-                    reason.as_deref().unwrap_or("no reason given")
-                ));
-                return 0;
-            }
-            Ok(_) => unreachable_said = false,
-            // A libvirt daemon restarting is no end of the guest.
+            None
+        }
+    }
+}
+
+/// By `berth-libvirt follow`'s lines: the guest's end reaches the unit as
+/// soon as libvirt reports it. When the helper's connection closes (a
+/// libvirt daemon restarting) or it fails, one read of the state covers
+/// the gap, and it runs again [`FOLLOW_EVERY`] later.
+fn follow_events(domain: &str, policy: &Policy, events: &Events, helper: &std::path::Path) -> i32 {
+    use super::events::{End, Follower, Seen, end_of};
+    let mut unreachable_said = false;
+    let mut gap_said = false;
+    loop {
+        let follower = match Follower::spawn(helper, domain) {
+            Ok(f) => f,
             Err(e) => {
-                if !unreachable_said {
-                    events.warn(&format!(
-                        "guest {domain}: cannot read its state ({e}); still following"
-                    ));
-                    unreachable_said = true;
-                }
+                events.warn(&format!(
+                    "guest {domain}: cannot run {} ({e}); following by its state every {} s",
+                    helper.display(),
+                    FOLLOW_EVERY.as_secs()
+                ));
+                return follow_polling(domain, policy, events);
             }
+        };
+        loop {
+            if STOP.load(Ordering::SeqCst) {
+                drop(follower);
+                return stop(domain, policy, events);
+            }
+            match follower.lines.recv_timeout(Duration::from_millis(50)) {
+                Ok(Some(line)) => match Seen::parse(&line).and_then(end_of) {
+                    Some(End::Crashed(why)) => {
+                        events.warn(&format!("guest {domain} crashed ({why})"));
+                        return 1;
+                    }
+                    Some(End::Down(why)) => {
+                        events.info(&format!("guest {domain} is down ({why})"));
+                        return 0;
+                    }
+                    None => gap_said = false,
+                },
+                Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        let status = follower.wait();
+        if STOP.load(Ordering::SeqCst) {
+            return stop(domain, policy, events);
+        }
+        if !gap_said {
+            events.warn(&format!(
+                "guest {domain}: libvirt's events stopped ({}); still following",
+                status.map_or_else(|| "no exit status".to_string(), |s| s.to_string())
+            ));
+            gap_said = true;
+        }
+        if let Some(code) = poll_once(domain, events, &mut unreachable_said) {
+            return code;
         }
         sleep_unless_signalled(FOLLOW_EVERY);
     }
@@ -288,10 +369,11 @@ fn shut_down(domain: &str, policy: &Policy, now: DomainState, began: Instant, ev
             );
         }
         if asked.is_none_or(|t| t.elapsed() >= ACPI_AGAIN) {
-            match virsh(&["shutdown", "--domain", domain, "--mode", "acpi"], CALL_LIMIT) {
-                Ok(_) if asked.is_none() => events.info(&format!("guest {domain}: ACPI shutdown sent")),
+            let mode = policy.shutdown_mode.as_str();
+            match virsh(&["shutdown", "--domain", domain, "--mode", mode], CALL_LIMIT) {
+                Ok(_) if asked.is_none() => events.info(&format!("guest {domain}: shutdown asked ({mode})")),
                 Ok(_) => {}
-                Err(e) => events.warn(&format!("guest {domain}: ACPI shutdown failed: {e}")),
+                Err(e) => events.warn(&format!("guest {domain}: shutdown ({mode}) failed: {e}")),
             }
             asked = Some(Instant::now());
         }

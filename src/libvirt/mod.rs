@@ -4,6 +4,7 @@
 //! the drain never wakes a libvirt daemon that exited idle.
 
 pub mod check;
+pub mod events;
 pub mod guest;
 
 use std::io::Read;

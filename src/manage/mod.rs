@@ -49,6 +49,8 @@ pub enum ChangeError {
     Masked(PathBuf),
     /// No workload file of that name.
     Missing(String),
+    /// A guest `[libvirt] guests = "all"` covers: it has no file to remove.
+    CoveredGuest(String),
     /// The add would override the file of a workload whose unit runs,
     /// and no stop was asked for.
     OverridesRunning(String, PathBuf),
@@ -85,6 +87,12 @@ impl std::fmt::Display for ChangeError {
                 shown(p)
             ),
             ChangeError::Missing(name) => write!(f, "no workload {name:?} is configured"),
+            ChangeError::CoveredGuest(name) => write!(
+                f,
+                "{name} is a libvirt guest covered by [libvirt] guests = \"all\", with no file to remove: add it to \
+                 [libvirt] exclude in berth.toml, or mask it (ln -s /dev/null /etc/berth/workloads/{name}.toml), \
+                 then `berth reload`"
+            ),
             ChangeError::Packaged(p) => write!(
                 f,
                 "{} belongs to a package; mask it instead (a symlink to /dev/null of the same name in /etc/berth/workloads)",
@@ -285,8 +293,13 @@ pub async fn remove<O: Ops>(ops: &O, root: &Root, name: &str, stop: bool) -> Res
     if !crate::names::is_valid_workload_name(name) {
         return Err(ChangeError::Missing(name.to_string()));
     }
-    let path =
-        config::find_workload_file(root, name).ok_or_else(|| ChangeError::Missing(name.to_string()))?;
+    let path = config::find_workload_file(root, name).ok_or_else(|| {
+        if config::load_workload(root, name).is_some_and(|w| w.from_all_guests) {
+            ChangeError::CoveredGuest(name.to_string())
+        } else {
+            ChangeError::Missing(name.to_string())
+        }
+    })?;
     if path.parent() != Some(Place::Admin.dir(root).as_path())
         && path.parent() != Some(Place::Runtime.dir(root).as_path())
     {

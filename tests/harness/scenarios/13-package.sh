@@ -48,6 +48,11 @@ DEB1=berth_${V1}_$arch.deb
 DEB2=berth_${V2}_$arch.deb
 check_eq "make deb built $DEB1" "$V1" "$(dpkg-deb -f "$DEB_DIR/$DEB1" Version 2>&1)"
 check_eq "make deb DEB_VERSION=$V2 built $DEB2" "$V2" "$(dpkg-deb -f "$DEB_DIR/$DEB2" Version 2>&1)"
+check_lacks "berth depends on no libvirt" libvirt "$(dpkg-deb -f "$DEB_DIR/$DEB1" Depends 2>&1)"
+check_lacks "... and ships no berth-libvirt" berth-libvirt "$(dpkg-deb -c "$DEB_DIR/$DEB1" 2>&1)"
+helper_deb=berth-libvirt_${V1}_$arch.deb
+check_contains "berth-libvirt, a package of its own, depends on libvirt0" libvirt0 "$(dpkg-deb -f "$DEB_DIR/$helper_deb" Depends 2>&1)"
+check_contains "... and ships the helper where berth looks" ./usr/libexec/berth/berth-libvirt "$(dpkg-deb -c "$DEB_DIR/$helper_deb" 2>&1)"
 check_eq "make deb leaves nothing in debian/ or the checkout's parent" "" \
     "$(git -C "$REPO" status --porcelain --ignored --untracked-files=all -- debian | grep -E '^(\?\?|!!)'; ls "$REPO/.." | grep -E '^berth[-_].*\.(deb|ddeb|changes|buildinfo)$' || true)"
 
