@@ -245,7 +245,7 @@ harness_podman_root() {
 # in any language.
 VIRT_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 systemd-container libvirt-l10n locales"
 VIRT_LOCALE=de_DE.UTF-8
-VIRT_BASE=$(cache_dir "base-$SUITE-libvirt" "$BASE_STAMP + $VIRT_PACKAGES + $VIRT_LOCALE; guest $(cat "$REPO/tests/harness/guests/init" "$REPO/tests/harness/guests/power-button" | cksum | cut -d' ' -f1) v1")
+VIRT_BASE=$(cache_dir "base-$SUITE-libvirt" "$BASE_STAMP + $VIRT_PACKAGES + $VIRT_LOCALE; guest $(cat "$REPO/tests/harness/guests/init" "$REPO/tests/harness/guests/power-button" "$REPO/tests/harness/guests/agent" | cksum | cut -d' ' -f1) v1")
 VIRT_ROOTFS=$HARNESS_DIR/root-libvirt
 # The guest's kernel, initramfs and disk: built with the root, kept with it.
 GUEST_DIR=$VIRT_BASE-guest
@@ -330,10 +330,11 @@ harness_guest() {
     ln -s busybox "$i/bin/sh"
     # The modules the guest loads, with their dependencies.
     local m=$mods/$kver
-    for mod in virtio_pci virtio_blk button evdev; do guest_module "$mod" || return 1; done
+    for mod in virtio_pci virtio_blk virtio_console button evdev; do guest_module "$mod" || return 1; done
     "$bb" depmod -b "$i" "$kver"
     install -m755 "$REPO/tests/harness/guests/init" "$i/init"
     install -m755 "$REPO/tests/harness/guests/power-button" "$i/etc/acpi/PWRF/00000080"
+    install -m755 "$REPO/tests/harness/guests/agent" "$i/etc/agent"
     (cd "$i" && find . | sort | "$bb" cpio -o -H newc 2>/dev/null) | gzip -9 >"$out/initrd.gz"
     truncate -s 64M "$out/disk.img"
     mkfs.ext4 -q -L guest "$out/disk.img"
@@ -342,11 +343,26 @@ harness_guest() {
 
 # harness_define_guest NAME [CMDLINE]: a persistent domain NAME in the
 # libvirt root, its disk /vm/NAME.img, its console log /vm/NAME.serial.
+# agent=1 in CMDLINE gives it the guest agent's channel too.
 harness_define_guest() {
-    local uuid
+    guest_xml "$@" >"$VIRT_ROOTFS/etc/libvirt/qemu/$1.xml"
+}
+# guest_files DIR: an empty DIR (bound as /vm) holding the guests' kernel
+# and initramfs; their disks and console logs go there too.
+guest_files() {
+    rm -rf "$1"
+    mkdir -p "$1"
+    chmod 755 "$1"
+    cp "$GUEST_DIR/vmlinuz" "$GUEST_DIR/initrd.gz" "$1/"
+}
+# guest_xml NAME [CMDLINE]: the domain's XML, for `virsh define`.
+guest_xml() {
+    local uuid channel=
     uuid=$(printf '%s' "$1" | md5sum | sed -E 's/^(.{8})(.{4})(.{4})(.{4})(.{12}).*/\1-\2-\3-\4-\5/')
-    sed "s|@NAME@|$1|g; s|@UUID@|$uuid|; s|@CMDLINE@|${2:-}|" "$REPO/tests/harness/guests/domain.xml" \
-        >"$VIRT_ROOTFS/etc/libvirt/qemu/$1.xml"
+    case " ${2:-} " in
+        *" agent=1 "*) channel="<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>" ;;
+    esac
+    sed "s|@NAME@|$1|g; s|@UUID@|$uuid|; s|@CMDLINE@|${2:-}|; s|@CHANNELS@|$channel|" "$REPO/tests/harness/guests/domain.xml"
 }
 
 # ---------------------------------------------------------------------------
