@@ -52,6 +52,9 @@ killed=$(date +%s.%N)
 ct systemctl kill --signal=KILL berth@crashy.service
 check "crashy is running again, another process" wait_for 10 sh -c \
     "p=\$(nsenter -t $CT_PID -a systemctl show -P MainPID berth@crashy.service); [ \"\$p\" != 0 ] && [ \"\$p\" != $pid ] && [ \"\$(nsenter -t $CT_PID -a systemctl show -P SubState berth@crashy.service)\" = running ]"
+# The new instance logs its start a moment after systemd says it runs.
+logged_since_kill() { awk -v k="$killed" '$1 == "start" && $2 > k { f = 1 } END { exit !f }' "$CT_DIR/out/crashy.log"; }
+check "... and logged its start" wait_for 5 logged_since_kill
 back=$(awk '$1 == "start" { t = $2 } END { print t }' "$CT_DIR/out/crashy.log")
 check "... started again 1 s after the kill, not sooner, within 4 s ($(awk -v a="$killed" -v b="$back" 'BEGIN { printf "%.2f", b - a }') s)" \
     awk -v a="$killed" -v b="$back" 'BEGIN { exit !(b - a >= 0.9 && b - a < 4) }'
