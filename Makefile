@@ -20,6 +20,9 @@ BINDIR ?= $(PREFIX)/bin
 # berth-libvirt goes to $(LIBEXECDIR)/berth; berth looks for it there
 # (beside its own PREFIX, or /usr/libexec, /usr/local/libexec).
 LIBEXECDIR ?= $(PREFIX)/libexec
+# WITH_LIBVIRT=no builds and installs berth without berth-libvirt (and
+# without libvirt-dev): libvirt guests are then followed by virsh polls.
+WITH_LIBVIRT ?= yes
 DATADIR ?= $(PREFIX)/share
 MANDIR ?= $(DATADIR)/man
 PKG_CONFIG ?= pkg-config
@@ -55,7 +58,9 @@ all: build units man completions
 # libvirt-dev at build time).
 build:
 	$(CARGO) build --release $(CARGO_FLAGS)
+ifeq ($(WITH_LIBVIRT),yes)
 	$(CARGO) build --release $(CARGO_FLAGS) -p berth-libvirt
+endif
 
 # Units name the binary by absolute path. One template per unit serves the
 # system and the user manager; the built binary fills them (the same code
@@ -83,7 +88,9 @@ completions: build
 install: all
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth $(DESTDIR)$(BINDIR)/berth
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-generator $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
+ifeq ($(WITH_LIBVIRT),yes)
 	$(INSTALL) -Dm755 $(RELEASE_DIR)/berth-libvirt $(DESTDIR)$(LIBEXECDIR)/berth/berth-libvirt
+endif
 	$(INSTALL) -d $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR) $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/system/,$(UNITS)) $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/
 	$(INSTALL) -m644 $(addprefix $(BUILD_DIR)/units/user/,$(UNITS)) $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/
@@ -104,6 +111,7 @@ install: all
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(SYSTEMD_SYSTEM_GENERATOR_DIR)/berth-generator
 	rm -f $(DESTDIR)$(LIBEXECDIR)/berth/berth-libvirt
+	-rmdir $(DESTDIR)$(LIBEXECDIR)/berth 2>/dev/null
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_SYSTEM_UNIT_DIR)/,$(UNITS)) $(addprefix $(DESTDIR)$(SYSTEMD_USER_UNIT_DIR)/,$(UNITS))
 	rm -f $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)/berth-generator
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog

@@ -37,7 +37,7 @@ for count in $COUNTS; do
     config=$HARNESS_DIR/config-bench-libvirt
     rm -rf "$config"
     mkdir -p "$config"
-    printf 'drain_parallelism = %s\ndrain_deadline_s = 1200\n\n[libvirt]\nguests = "all"\nstop_delay_s = 300\n' \
+    printf 'drain_parallelism = %s\ndrain_deadline_s = 1200\n\n[libvirt]\nguests = "all"\nautostart = true\nstop_delay_s = 300\n' \
         "$PARALLEL" >"$config/berth.toml"
     ROOTFS=$VIRT_ROOTFS
     CT_NSPAWN_OPTS=(--bind="$VM:/vm")

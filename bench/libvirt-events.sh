@@ -63,7 +63,10 @@ latency() {
         (
             for i in $(seq 1 "$SAMPLES"); do
                 ct systemctl start "berth@$g.service" || exit 1
-                until [ "$(ct systemctl show -P ActiveState "berth@$g.service")" = inactive ]; do sleep 0.2; done
+                until [ "$(ct systemctl show -P ActiveState "berth@$g.service")" = inactive ]; do
+                    [ "$(ct systemctl show -P ActiveState "berth@$g.service")" != failed ] || die "berth@$g.service failed"
+                    sleep 0.2
+                done
                 off=$(ct sh -c "grep 'shutting down, reason=shutdown' /var/log/libvirt/qemu/$g.log | tail -n1 | cut -d' ' -f1,2")
                 down=$(ct systemctl show --timestamp=us+utc -P InactiveEnterTimestamp "berth@$g.service")
                 python3 - "$off" "$down" <<'PY'
@@ -76,13 +79,17 @@ PY
             done
         ) &
     done
-    wait
+    local rc=0 job
+    for job in $(jobs -p); do wait "$job" || rc=1; done
+    [ "$rc" = 0 ] || die "a latency loop failed"
 }
 
 percentiles() {
     python3 -c '
 import sys
 v = sorted(float(x) for x in sys.stdin.read().split())
+if not v:
+    sys.exit("no samples")
 pick = lambda p: v[min(len(v) - 1, max(0, int(round(p / 100 * len(v) + 0.5)) - 1))]
 print(f"p50 {pick(50):.0f} ms, p99 {pick(99):.0f} ms, max {v[-1]:.0f} ms over {len(v)} samples")'
 }

@@ -224,7 +224,7 @@ fn libvirts_events_end_the_unit_at_once() {
     let helper = lab.path("bin/berth-libvirt");
     std::fs::write(
         &helper,
-        "#!/bin/sh\necho run >>\"$VLAB/helper-runs\"\necho 'state 1 1'\n\
+        "#!/bin/sh\n[ \"$1\" != state ] || { echo 'state 1 1'; exit 0; }\necho run >>\"$VLAB/helper-runs\"\necho 'state 1 1'\n\
          [ -e \"$VLAB/second\" ] || { touch \"$VLAB/second\"; exit 0; }\n\
          while [ ! -e \"$VLAB/stop-now\" ]; do sleep 0.02; done\necho 'event 4 0'\necho 'event 5 0'\nsleep 60\n",
     )
@@ -251,10 +251,13 @@ fn libvirts_events_end_the_unit_at_once() {
         child.try_wait().unwrap().is_none(),
         "a resume event or a helper's exit is no end"
     );
-    // The domain still reads running for virsh: only the event says it ended.
+    // The domain still reads running for virsh: only the event says it
+    // ended; and with the helper no state is read through virsh.
     std::fs::write(lab.path("stop-now"), "").unwrap();
     assert_eq!(exit_within(&mut child, Duration::from_secs(1)), 0);
     assert!(lab.calls().is_empty(), "{:?}", lab.calls());
+    let virsh_reads = std::fs::read_to_string(lab.path("calls")).unwrap_or_default();
+    assert!(!virsh_reads.contains("domstate"), "{virsh_reads}");
 }
 
 /// A crash by event fails the unit.
@@ -264,7 +267,7 @@ fn a_crash_event_fails_the_unit() {
     let helper = lab.path("bin/berth-libvirt");
     std::fs::write(
         &helper,
-        "#!/bin/sh\necho 'state 1 1'\necho 'event 5 2'\nsleep 60\n",
+        "#!/bin/sh\n[ \"$1\" != state ] || { echo 'state 1 1'; exit 0; }\necho 'state 1 1'\necho 'event 5 2'\nsleep 60\n",
     )
     .unwrap();
     std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Registered before the state is read, so no event between the two is
-//! lost. Exit status: 0 once the connection closed (the daemon went
+//! lost. `berth-libvirt state DOMAIN` prints the state line alone. Exit status: 0 once the connection closed (the daemon went
 //! away: the watcher runs it again), 1 on an error (stderr says which),
 //! 2 on a usage error.
 
@@ -39,12 +39,12 @@ fn last_error() -> String {
         .into_owned()
 }
 
-/// One line, flushed: the watcher acts on each as it comes.
+/// One line, flushed: the watcher acts on each as it comes. When the
+/// watcher is gone there is nobody to tell: the loop ends.
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-        // The watcher is gone: nobody to tell.
-        std::process::exit(0);
+        CLOSED.store(true, Ordering::SeqCst);
     }
 }
 
@@ -132,10 +132,51 @@ fn follow(domain: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The domain's state, once: `state STATE REASON`.
+fn state(domain: &str) -> Result<(), String> {
+    let uri = CString::new(URI).expect("no NUL in the URI");
+    let name = CString::new(domain).map_err(|_| "the domain name holds a NUL byte".to_string())?;
+    let (mut state, mut reason) = (0, 0);
+    // SAFETY: as in `follow`, without the event loop: a connection, a
+    // lookup by name, one read, each freed once.
+    unsafe {
+        let conn = ffi::virConnectOpenReadOnly(uri.as_ptr());
+        if conn.is_null() {
+            return Err(format!("cannot connect to {URI}: {}", last_error()));
+        }
+        let dom = ffi::virDomainLookupByName(conn, name.as_ptr());
+        if dom.is_null() {
+            let e = last_error();
+            ffi::virConnectClose(conn);
+            return Err(format!("no domain {domain:?}: {e}"));
+        }
+        let read = ffi::virDomainGetState(dom, &mut state, &mut reason, 0);
+        let e = last_error();
+        ffi::virDomainFree(dom);
+        ffi::virConnectClose(conn);
+        if read < 0 {
+            return Err(format!("cannot read {domain:?}'s state: {e}"));
+        }
+    }
+    say(&format!("state {state} {reason}"));
+    Ok(())
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Not `args()`, which panics on an argument that is not UTF-8.
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let code = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["follow", domain] => match follow(domain) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("berth-libvirt: {e}");
+                1
+            }
+        },
+        ["state", domain] => match state(domain) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("berth-libvirt: {e}");
@@ -147,7 +188,7 @@ fn main() {
             0
         }
         _ => {
-            eprintln!("usage: berth-libvirt follow DOMAIN");
+            eprintln!("usage: berth-libvirt follow DOMAIN | state DOMAIN");
             2
         }
     };

@@ -45,7 +45,7 @@ pub(super) struct AddArgs {
     no_autostart: bool,
     #[arg(long, value_name = "SECONDS")]
     start_delay: Option<u64>,
-    /// guest_shutdown or power_off.
+    /// guest_shutdown, power_off, or save (a libvirt guest).
     #[arg(long)]
     stop_action: Option<String>,
     #[arg(long, value_name = "SECONDS")]

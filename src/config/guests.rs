@@ -81,7 +81,8 @@ pub struct LibvirtSettings {
     /// Domain names, or patterns with `*`, left alone by `guests = "all"`.
     pub exclude: Vec<String>,
     /// What a guest covered by `guests = "all"` gets, as its workload
-    /// file would say it (None: the workload default).
+    /// file would say it (None: the workload default; for `autostart`,
+    /// false).
     pub order: Option<i64>,
     pub stop_action: Option<StopAction>,
     pub stop_delay_s: Option<u64>,
@@ -124,6 +125,7 @@ pub(super) fn read(
 ) -> LibvirtSettings {
     let mut s = LibvirtSettings::default();
     let mut r = Reader::new(table, "libvirt", origin);
+    let errors_before = errors.len();
     match r.opt_text("guests").as_deref() {
         None | Some("listed") => {}
         Some("all") if manager == Manager::User => r.error(
@@ -163,6 +165,18 @@ pub(super) fn read(
         s.shutdown_mode = modes;
     }
     errors.append(&mut r.finish(LIBVIRT_KEYS));
+    // An exclude list or a default in error must not widen what berth
+    // starts and stops: every guest would be covered, with defaults.
+    if s.guests == GuestCoverage::All && errors.len() > errors_before {
+        s.guests = GuestCoverage::Listed;
+        let file = origin.file_of("libvirt.guests").to_path_buf();
+        errors.push(ConfigError::key(
+            &file,
+            "libvirt.guests",
+            "stays \"listed\" while [libvirt] has errors: an exclude list or a default in error would cover guests \
+             it was meant to leave alone",
+        ));
+    }
     s
 }
 
@@ -267,19 +281,25 @@ pub fn domains_on_disk(root: &Root) -> (Vec<DomainFile>, Vec<ConfigError>) {
         if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
             continue;
         }
-        if found.len() == MAX_DOMAIN_FILES {
-            errors.push(ConfigError::file(
-                &dir,
-                format!("holds more than {MAX_DOMAIN_FILES} domains; the rest are not covered"),
-            ));
-            break;
-        }
         found.push(DomainFile {
             domain: domain.to_string(),
             path,
         });
     }
+    // Sorted first: which ones are left out does not depend on the
+    // directory's order.
     found.sort_by(|a, b| a.domain.cmp(&b.domain));
+    if found.len() > MAX_DOMAIN_FILES {
+        errors.push(ConfigError::file(
+            &dir,
+            format!(
+                "holds {} domains, more than {MAX_DOMAIN_FILES}; those after {} are not covered",
+                found.len(),
+                found[MAX_DOMAIN_FILES - 1].domain.escape_debug()
+            ),
+        ));
+        found.truncate(MAX_DOMAIN_FILES);
+    }
     (found, errors)
 }
 
@@ -298,11 +318,13 @@ pub(super) fn covered_table(settings: &LibvirtSettings, domain: &str) -> Table {
     if let Some(d) = settings.stop_delay_s {
         t.insert("stop_delay_s".into(), Value::Integer(d as i64));
     }
-    match settings.autostart {
-        Some(Autostart::Yes) => t.insert("autostart".into(), Value::Boolean(true)),
-        Some(Autostart::No) => t.insert("autostart".into(), Value::Boolean(false)),
-        Some(Autostart::LastState) => t.insert("autostart".into(), Value::String("last-state".into())),
-        None => None,
+    // Unset: none at boot, as Debian's libvirt-guests (ON_BOOT=ignore);
+    // not the host's default_autostart, which would start every defined
+    // domain, templates and all.
+    match settings.autostart.unwrap_or(Autostart::No) {
+        Autostart::Yes => t.insert("autostart".into(), Value::Boolean(true)),
+        Autostart::No => t.insert("autostart".into(), Value::Boolean(false)),
+        Autostart::LastState => t.insert("autostart".into(), Value::String("last-state".into())),
     };
     t
 }

@@ -285,21 +285,37 @@ pub fn check_against_others(root: &Root, w: &Workload) -> Result<(), Vec<ConfigE
     // A guest `guests = "all"` covers under its own name would be
     // followed by two units at once, the covered one until the reload
     // and the new one from its start.
-    if let Some(d) = w.libvirt_domain()
-        && w.name != d
-        && guests_all(root)
-        && load(root)
-            .workload(d)
-            .is_some_and(|c| c.from_all_guests && c.libvirt_domain() == Some(d))
-    {
-        return Err(vec![ConfigError::key(
-            &w.source,
-            "libvirt",
-            format!(
-                "domain {d} is covered by [libvirt] guests = \"all\" as workload {d} (berth@{d}.service): name this \
-                 workload {d}, so that its file takes the covered one's place in the same unit, or exclude {d} first"
-            ),
-        )]);
+    // And a file of a covered guest's name must be that guest: anything
+    // else would take over its running unit.
+    if guests_all(root) {
+        let loaded = load(root);
+        let covered = |name: &str| loaded.workload(name).filter(|c| c.from_all_guests);
+        if let Some(d) = w.libvirt_domain()
+            && w.name != d
+            && covered(d).is_some()
+        {
+            return Err(vec![ConfigError::key(
+                &w.source,
+                "libvirt",
+                format!(
+                    "domain {d} is covered by [libvirt] guests = \"all\" as workload {d} (berth@{d}.service): name \
+                     this workload {d}, so that its file takes the covered one's place in the same unit; or stop \
+                     berth@{d}.service, exclude {d} and `berth reload` first"
+                ),
+            )]);
+        }
+        if let Some(c) = covered(&w.name)
+            && w.libvirt_domain() != c.libvirt_domain()
+        {
+            return Err(vec![ConfigError::file(
+                &w.source,
+                format!(
+                    "{n} is the libvirt guest {n} that [libvirt] guests = \"all\" covers (berth@{n}.service): its \
+                     file must say libvirt = \"{n}\"; give this workload another name",
+                    n = w.name
+                ),
+            )]);
+        }
     }
     let names_an_instance = w
         .after
@@ -350,6 +366,7 @@ pub fn load_one(root: &Root, name: &str) -> Result<Workload, Vec<ConfigError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     /// File-name order ("a-b.toml" < "a.toml") is not name order ("a" <
     /// "a-b"); `workload()` searches by name.
@@ -538,12 +555,53 @@ mod tests {
             )
             .is_ok()
         );
+        let taken = check_workload_text(
+            &Root::new(dir.path()),
+            "vm2",
+            &etc.join("vm2.toml"),
+            "exec = [\"/bin/x\"]\n",
+        )
+        .unwrap_err();
+        assert!(
+            taken[0]
+                .to_string()
+                .contains("vm2 is the libvirt guest vm2 that [libvirt] guests = \"all\" covers"),
+            "{taken:?}"
+        );
         // The supervisor's one-workload read finds a covered guest too.
         assert_eq!(
             load_workload(&Root::new(dir.path()), "vm2").map(|w| w.from_all_guests),
             Some(true)
         );
         assert!(load_workload(&Root::new(dir.path()), "scratch-1").is_none());
+    }
+
+    /// A domain file name is hostile like any other: a newline or an
+    /// escape sequence in it reaches no message raw, and no such domain
+    /// becomes a workload.
+    #[test]
+    fn hostile_domain_file_names_are_refused_and_shown_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let qemu = dir.path().join("etc/libvirt/qemu");
+        std::fs::create_dir_all(&qemu).unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/berth")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[libvirt]\nguests = \"all\"\n",
+        )
+        .unwrap();
+        for name in ["ok", "evil\n[Service]\nExecStart=x", "esc\x1b[2J", "-c", "a%b"] {
+            std::fs::write(qemu.join(format!("{name}.xml")), "").unwrap();
+        }
+        std::fs::write(qemu.join(std::ffi::OsStr::from_bytes(b"bad\xff.xml")), "").unwrap();
+        let loaded = load(&Root::new(dir.path()));
+        let names: Vec<&str> = loaded.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["ok"]);
+        assert_eq!(loaded.errors.len(), 5, "{:#?}", loaded.errors);
+        for e in &loaded.errors {
+            let shown = e.to_string();
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
     }
 
     /// `[libvirt]` in error: each key named, its default kept.
@@ -591,6 +649,22 @@ mod tests {
         assert!(
             errors[0].contains("libvirt.shutdown_mode: must name at least one"),
             "{errors:?}"
+        );
+        // An exclude list in error does not cover what it meant to leave out.
+        std::fs::write(
+            dir.path().join("etc/berth/berth.toml"),
+            "[libvirt]\nguests = \"all\"\nexclude = \"vm\"\n",
+        )
+        .unwrap();
+        let loaded = load(&Root::new(dir.path()));
+        assert!(loaded.workloads.is_empty(), "{:?}", loaded.workloads);
+        assert_eq!(loaded.host.libvirt.guests, GuestCoverage::Listed);
+        assert!(
+            loaded.errors.iter().any(|e| e
+                .to_string()
+                .contains("libvirt.guests: stays \"listed\" while [libvirt] has errors")),
+            "{:#?}",
+            loaded.errors
         );
         std::fs::write(dir.path().join("etc/berth/workloads.toml"), "").unwrap();
         std::fs::create_dir_all(dir.path().join("etc/berth/workloads")).unwrap();

@@ -183,9 +183,7 @@ fn libvirt_domain(r: &mut Reader, domain: String) -> Option<String> {
         && domain
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '+' | ':' | '-'));
-    if ok {
-        Some(domain)
-    } else {
+    if !ok {
         r.error(
             "libvirt",
             format!(
@@ -193,8 +191,30 @@ fn libvirt_domain(r: &mut Reader, domain: String) -> Option<String> {
                  starting with a letter or digit"
             ),
         );
-        None
+        return None;
     }
+    // virsh looks a --domain up by ID, then UUID, then name: `3` could be
+    // another guest's ID, and a UUID another guest's.
+    if domain.bytes().all(|b| b.is_ascii_digit()) || is_uuid_shaped(&domain) {
+        r.error(
+            "libvirt",
+            format!(
+                "{domain:?} reads as a domain {} to virsh, which would look it up as one (another guest's, maybe) \
+                 before its name: rename the domain (virsh domrename)",
+                if domain.contains('-') || domain.len() == 32 { "UUID" } else { "ID" }
+            ),
+        );
+        return None;
+    }
+    Some(domain)
+}
+
+/// 32 hex digits, with or without the dashes of 8-4-4-4-12: what virsh
+/// takes for a UUID.
+fn is_uuid_shaped(s: &str) -> bool {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    let dashes_ok = !s.contains('-') || s.split('-').map(str::len).eq([8, 4, 4, 4, 12]);
+    hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && dashes_ok
 }
 
 /// Units a workload may not take over with `unit =`: what the service
@@ -1048,6 +1068,18 @@ mod tests {
             (
                 "libvirt = \"a b\"",
                 "D/web.toml: libvirt: \"a b\" is not a domain name berth accepts: 1-128 characters from A-Z a-z 0-9 _ . + : -, starting with a letter or digit",
+            ),
+            (
+                "libvirt = \"3\"",
+                "D/web.toml: libvirt: \"3\" reads as a domain ID to virsh, which would look it up as one (another guest's, maybe) before its name: rename the domain (virsh domrename)",
+            ),
+            (
+                "libvirt = \"4dea22b3-1d52-d8f3-2516-782e98ab3fa0\"",
+                "D/web.toml: libvirt: \"4dea22b3-1d52-d8f3-2516-782e98ab3fa0\" reads as a domain UUID to virsh, which would look it up as one (another guest's, maybe) before its name: rename the domain (virsh domrename)",
+            ),
+            (
+                "libvirt = \"4dea22b31d52d8f32516782e98ab3fa0\"",
+                "D/web.toml: libvirt: \"4dea22b31d52d8f32516782e98ab3fa0\" reads as a domain UUID to virsh, which would look it up as one (another guest's, maybe) before its name: rename the domain (virsh domrename)",
             ),
             (
                 "libvirt = \"vm\"\nexec = [\"/bin/true\"]",

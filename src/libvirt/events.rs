@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
+use super::DomainState;
+
 /// virDomainState values berth acts on.
 const STATE_SHUTOFF: i32 = 5;
 const STATE_CRASHED: i32 = 6;
@@ -16,8 +18,11 @@ const SHUTOFF_CRASHED: i32 = 3;
 /// virDomainEventType values.
 const EVENT_STOPPED: i32 = 5;
 const EVENT_CRASHED: i32 = 8;
-/// virDomainEventStoppedDetailType: VIR_DOMAIN_EVENT_STOPPED_CRASHED.
+/// virDomainEventStoppedDetailType: VIR_DOMAIN_EVENT_STOPPED_CRASHED, and
+/// _FAILED, which libvirt sends when QEMU itself died (its state then
+/// reads shut off, reason crashed).
 const STOPPED_CRASHED: i32 = 2;
+const STOPPED_FAILED: i32 = 5;
 
 /// One line of `berth-libvirt follow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,19 +79,63 @@ pub fn end_of(seen: Seen) -> Option<End> {
         } => Some(End::Crashed("stopped: crashed")),
         Seen::Event {
             event: EVENT_STOPPED,
+            detail: STOPPED_FAILED,
+        } => Some(End::Crashed("stopped: the emulator failed")),
+        Seen::Event {
+            event: EVENT_STOPPED,
             detail,
         } => Some(End::Down(stopped_detail(detail))),
-        Seen::Event {
-            event: EVENT_CRASHED, ..
-        } => Some(End::Crashed("crashed")),
+        // A crash event alone ends nothing: with on_crash = "restart" or
+        // a crash kernel loaded the guest runs on, and with "destroy" a
+        // STOPPED event follows (see `needs_a_look`).
         _ => None,
     }
+}
+
+/// Whether `seen` calls for a read of the state: after a crash event the
+/// state says whether the guest still runs (reset, or a crash kernel),
+/// is kept crashed (on_crash = "preserve"), or is gone.
+pub fn needs_a_look(seen: Seen) -> bool {
+    matches!(
+        seen,
+        Seen::Event {
+            event: EVENT_CRASHED,
+            ..
+        }
+    )
+}
+
+/// A numeric state and reason as the watcher's [`DomainState`], with the
+/// reason in virsh's words (`is_crash` reads "crashed").
+pub fn domain_state(state: i32, reason: i32) -> (DomainState, Option<String>) {
+    let (state, reason) = match state {
+        1 => (DomainState::Running, None),
+        2 => (DomainState::Idle, None),
+        3 => (DomainState::Paused, None),
+        4 => (DomainState::InShutdown, None),
+        STATE_SHUTOFF => (
+            DomainState::ShutOff,
+            Some(
+                shutoff_reason(reason)
+                    .trim_start_matches("shut off: ")
+                    .trim_start_matches("shut off"),
+            ),
+        ),
+        STATE_CRASHED => (
+            DomainState::Crashed,
+            Some(if reason == 1 { "panicked" } else { "unknown" }),
+        ),
+        7 => (DomainState::PmSuspended, None),
+        other => (DomainState::Other(format!("state {other}")), None),
+    };
+    (state, reason.filter(|r| !r.is_empty()).map(str::to_string))
 }
 
 fn shutoff_reason(reason: i32) -> &'static str {
     match reason {
         1 => "shut off: shutdown",
         2 => "shut off: destroyed",
+        3 => "shut off: crashed",
         4 => "shut off: migrated",
         5 => "shut off: saved",
         6 => "shut off: failed to start",
@@ -102,7 +151,6 @@ fn stopped_detail(detail: i32) -> &'static str {
         1 => "stopped: destroyed",
         3 => "stopped: migrated",
         4 => "stopped: saved",
-        5 => "stopped: the emulator failed",
         6 => "stopped: from snapshot",
         _ => "stopped",
     }
@@ -172,8 +220,19 @@ impl Follower {
         Ok(Follower { child, lines })
     }
 
-    /// Its exit status once its output has ended.
+    /// Its exit status once its output has ended: given a second to
+    /// exit (its output may end on a read error while it runs on), then
+    /// killed, so that the watcher never blocks here past a stop.
     pub fn wait(mut self) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < until {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(_) => return None,
+            }
+        }
+        let _ = self.child.kill();
         self.child.wait().ok()
     }
 }
@@ -243,9 +302,34 @@ mod tests {
                 Seen::Event { event: 5, detail: 2 },
                 Some(Crashed("stopped: crashed")),
             ),
-            (Seen::Event { event: 8, detail: 0 }, Some(Crashed("crashed"))),
+            // QEMU died (OOM kill, segfault): a crash, as the state says.
+            (
+                Seen::Event { event: 5, detail: 5 },
+                Some(Crashed("stopped: the emulator failed")),
+            ),
+            // A crash event: the state decides.
+            (Seen::Event { event: 8, detail: 0 }, None),
+            (Seen::Event { event: 8, detail: 1 }, None),
         ] {
             assert_eq!(end_of(seen), want, "{seen:?}");
         }
+        assert!(needs_a_look(Seen::Event { event: 8, detail: 1 }));
+        // The state as the watcher's DomainState, the crash rule intact.
+        for (state, reason, want, crash) in [
+            (1, 1, DomainState::Running, false),
+            (3, 0, DomainState::Paused, false),
+            (5, 1, DomainState::ShutOff, false),
+            (5, 3, DomainState::ShutOff, true),
+            (6, 1, DomainState::Crashed, true),
+            (7, 0, DomainState::PmSuspended, false),
+            (0, 0, DomainState::Other("state 0".into()), false),
+        ] {
+            let (s, r) = domain_state(state, reason);
+            assert_eq!((&s, s.is_crash(r.as_deref())), (&want, crash), "{state} {reason}");
+        }
+        assert_eq!(domain_state(5, 5).1.as_deref(), Some("saved"));
+        assert_eq!(domain_state(5, 0).1, None);
+        assert!(!needs_a_look(Seen::Event { event: 5, detail: 2 }));
+        assert!(!needs_a_look(Seen::State { state: 8, reason: 0 }));
     }
 }

@@ -210,7 +210,7 @@ fn poll_once(domain: &str, events: &Events, unreachable_said: &mut bool) -> Opti
 /// libvirt daemon restarting) or it fails, one read of the state covers
 /// the gap, and it runs again [`FOLLOW_EVERY`] later.
 fn follow_events(domain: &str, policy: &Policy, events: &Events, helper: &std::path::Path) -> i32 {
-    use super::events::{End, Follower, Seen, end_of};
+    use super::events::{End, Follower, Seen, end_of, needs_a_look};
     let mut unreachable_said = false;
     let mut gap_said = false;
     loop {
@@ -231,17 +231,25 @@ fn follow_events(domain: &str, policy: &Policy, events: &Events, helper: &std::p
                 return stop(domain, policy, events);
             }
             match follower.lines.recv_timeout(Duration::from_millis(50)) {
-                Ok(Some(line)) => match Seen::parse(&line).and_then(end_of) {
-                    Some(End::Crashed(why)) => {
-                        events.warn(&format!("guest {domain} crashed ({why})"));
-                        return 1;
+                Ok(Some(line)) => {
+                    let seen = Seen::parse(&line);
+                    match seen.and_then(end_of) {
+                        Some(End::Crashed(why)) => {
+                            events.warn(&format!("guest {domain} crashed ({why})"));
+                            return 1;
+                        }
+                        Some(End::Down(why)) => {
+                            events.info(&format!("guest {domain} is down ({why})"));
+                            return 0;
+                        }
+                        None => gap_said = false,
                     }
-                    Some(End::Down(why)) => {
-                        events.info(&format!("guest {domain} is down ({why})"));
-                        return 0;
+                    if seen.is_some_and(needs_a_look)
+                        && let Some(code) = poll_once(domain, events, &mut unreachable_said)
+                    {
+                        return code;
                     }
-                    None => gap_said = false,
-                },
+                }
                 Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }

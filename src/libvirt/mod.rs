@@ -134,7 +134,13 @@ fn virsh_command(args: &[&str]) -> Command {
 /// output on success. The domain name is always an option's value
 /// (`--domain NAME`), never a bare word virsh could read as an option.
 pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
-    let mut child = virsh_command(args)
+    run_within(virsh_command(args), args.first().copied().unwrap_or(""), limit)
+}
+
+/// `command`, killed after `limit`; its standard output on success, else
+/// what it said on stderr (`what` names it when it said nothing).
+fn run_within(mut command: Command, what: &str, limit: Duration) -> Result<String, VirshError> {
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -167,7 +173,10 @@ pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
     } else {
         let why = err.trim().trim_start_matches("error: ").replace('\n', "; ");
         Err(VirshError::Failed(if why.is_empty() {
-            format!("virsh {} exited with {status}", args.first().unwrap_or(&""))
+            format!(
+                "{} {what} exited with {status}",
+                command.get_program().to_string_lossy()
+            )
         } else {
             why
         }))
@@ -179,8 +188,22 @@ pub fn state(domain: &str) -> Result<DomainState, VirshError> {
     state_with_reason(domain).map(|(s, _)| s)
 }
 
-/// The domain's state and its reason.
+/// The domain's state and its reason: libvirt's numbers through
+/// berth-libvirt where it is installed, else virsh's words (C locale).
 pub fn state_with_reason(domain: &str) -> Result<(DomainState, Option<String>), VirshError> {
+    if let Some(helper) = events::helper() {
+        let mut command = Command::new(&helper);
+        command.args(["state", domain]);
+        let out = run_within(command, "state", CALL_LIMIT)?;
+        return match events::Seen::parse(out.trim()) {
+            Some(events::Seen::State { state, reason }) => Ok(events::domain_state(state, reason)),
+            _ => Err(VirshError::Failed(format!(
+                "{} state gave no state: {:?}",
+                helper.display(),
+                out.chars().take(80).collect::<String>()
+            ))),
+        };
+    }
     virsh(&["domstate", "--reason", "--domain", domain], CALL_LIMIT)
         .map(|s| DomainState::parse_with_reason(&s))
 }

@@ -46,7 +46,7 @@ check_contains "each watcher follows its guest by libvirt's events (berth-libvir
 check_exposure berth@allg-a.service 5
 run berth check
 check_contains "berth check lists a covered guest with its shutdown modes" \
-    'berth@allg-a.service (/etc/libvirt/qemu/allg-a.xml): libvirt domain allg-a (guests = "all"), shut down by agent,acpi' "$out"
+    'berth@allg-a.service (/etc/libvirt/qemu/allg-a.xml) [autostart: last-state]: libvirt domain allg-a (guests = "all"), shut down by agent,acpi' "$out"
 run berth cat allg-a
 check_contains "berth cat says there is no file" 'no workload file: the libvirt domain defined in /etc/libvirt/qemu/allg-a.xml' "$out"
 
