@@ -636,49 +636,35 @@ mod tests {
             );
         }
         assert_eq!(errors.len(), 7, "{errors:#?}");
-        std::fs::write(
-            dir.path().join("etc/berth/berth.toml"),
-            "[libvirt]\nshutdown_mode = []\n",
-        )
-        .unwrap();
-        let errors: Vec<String> = load(&Root::new(dir.path()))
-            .errors
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
+        let texts = |loaded: &Loaded| loaded.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+        let host = dir.path().join("etc/berth/berth.toml");
+        std::fs::write(&host, "[libvirt]\nshutdown_mode = []\n").unwrap();
+        let errors = texts(&load(&Root::new(dir.path())));
         assert!(
             errors[0].contains("libvirt.shutdown_mode: must name at least one"),
             "{errors:?}"
         );
         // An exclude list in error does not cover what it meant to leave out.
-        std::fs::write(
-            dir.path().join("etc/berth/berth.toml"),
-            "[libvirt]\nguests = \"all\"\nexclude = \"vm\"\n",
-        )
-        .unwrap();
+        std::fs::write(&host, "[libvirt]\nguests = \"all\"\nexclude = \"vm\"\n").unwrap();
         let loaded = load(&Root::new(dir.path()));
         assert!(loaded.workloads.is_empty(), "{:?}", loaded.workloads);
         assert_eq!(loaded.host.libvirt.guests, GuestCoverage::Listed);
+        let errors = texts(&loaded);
         assert!(
-            loaded.errors.iter().any(|e| e
-                .to_string()
-                .contains("libvirt.guests: stays \"listed\" while [libvirt] has errors")),
-            "{:#?}",
-            loaded.errors
+            errors
+                .iter()
+                .any(|e| e.contains("libvirt.guests: stays \"listed\" while [libvirt] has errors")),
+            "{errors:#?}"
         );
-        std::fs::write(dir.path().join("etc/berth/workloads.toml"), "").unwrap();
+        // shutdown_mode is a guest's key only.
+        std::fs::write(&host, "").unwrap();
         std::fs::create_dir_all(dir.path().join("etc/berth/workloads")).unwrap();
-        std::fs::write(dir.path().join("etc/berth/berth.toml"), "").unwrap();
         std::fs::write(
             dir.path().join("etc/berth/workloads/web.toml"),
             "exec = [\"/x\"]\nshutdown_mode = [\"acpi\"]\n",
         )
         .unwrap();
-        let errors: Vec<String> = load(&Root::new(dir.path()))
-            .errors
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
+        let errors = texts(&load(&Root::new(dir.path())));
         assert!(
             errors[0].contains("shutdown_mode: is for a libvirt guest"),
             "{errors:?}"
