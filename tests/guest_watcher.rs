@@ -260,6 +260,21 @@ fn libvirts_events_end_the_unit_at_once() {
     assert!(!virsh_reads.contains("domstate"), "{virsh_reads}");
 }
 
+/// A hostile or missing helper named in the environment (a newline, a
+/// `%`, a huge value) is no helper: the watcher polls virsh as without.
+#[test]
+fn a_helper_path_that_is_not_there_means_polling() {
+    let huge = format!("/{}", "x".repeat(100_000));
+    for value in ["/nonexistent\n[Service]", "/tmp/%h/berth-libvirt", huge.as_str()] {
+        let lab = Lab::new("shut off");
+        let (mut child, sock) = spawn_with(&lab, &[], &[("BERTH_LIBVIRT_HELPER", value)]);
+        assert!(ready(&sock).contains("READY=1"), "{value:.40}");
+        lab.set_state("shut off");
+        assert_eq!(exit_within(&mut child, Duration::from_secs(5)), 0, "{value:.40}");
+        assert_eq!(lab.calls(), ["start --domain vm"], "{value:.40}");
+    }
+}
+
 /// A crash by event fails the unit.
 #[test]
 fn a_crash_event_fails_the_unit() {

@@ -166,11 +166,12 @@ const HELPER_PLACES: &[&str] = &[
 
 /// The helper next to this berth (PREFIX/bin/berth →
 /// PREFIX/libexec/berth/berth-libvirt), else in the usual places;
-/// `BERTH_LIBVIRT_HELPER` names another (empty: none, poll), as
+/// `BERTH_LIBVIRT_HELPER` names another (empty or missing: none, poll), as
 /// `BERTH_ROOT` re-roots paths for tests.
 pub fn helper() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("BERTH_LIBVIRT_HELPER") {
-        return (!p.is_empty()).then(|| PathBuf::from(p));
+        // One that is not there is none: the watcher polls, as without.
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     let beside = std::env::current_exe()
         .ok()
