@@ -390,3 +390,83 @@ fn save_is_a_managed_save_and_a_failed_one_falls_back_to_acpi() {
     );
     assert_eq!(left(&lab), "save-failed\n");
 }
+
+/// A stand-in berth-libvirt taking the actions, with libvirt's numbers:
+/// the state ("STATE REASON") is in $VLAB/hstate; `destroy` of a guest
+/// that is not running exits 3 (VIR_ERR_OPERATION_INVALID), and so does
+/// one whose guest went down in between ($VLAB/down-before-destroy);
+/// $VLAB/destroy-fails makes it fail otherwise. Every action is appended
+/// to $VLAB/helper-calls.
+const FAKE_HELPER: &str = r#"#!/bin/sh
+verb=$1
+state=$(cat "$VLAB/hstate")
+case "$verb" in
+    state) echo "state $state"; exit 0 ;;
+    follow) echo "state $state"; exec sleep 60 ;;
+esac
+echo "$*" >>"$VLAB/helper-calls"
+case "$verb" in
+    start) echo "1 1" >"$VLAB/hstate" ;;
+    shutdown) [ -e "$VLAB/ignore-acpi" ] || echo "5 1" >"$VLAB/hstate" ;;
+    destroy)
+        [ ! -e "$VLAB/destroy-fails" ] || { echo "berth-libvirt: destroy failed: internal error" >&2; exit 1; }
+        if [ "$state" = "5 1" ] || [ -e "$VLAB/down-before-destroy" ]; then
+            echo "5 1" >"$VLAB/hstate"
+            echo "berth-libvirt: destroy failed: Requested operation is not valid: domain is not running" >&2
+            exit 3
+        fi
+        echo "5 2" >"$VLAB/hstate" ;;
+    *) echo "berth-libvirt: unexpected $verb" >&2; exit 2 ;;
+esac
+"#;
+
+fn with_fake_helper(lab: &Lab, state: &str) -> String {
+    let helper = lab.path("bin/berth-libvirt");
+    std::fs::write(&helper, FAKE_HELPER).unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(lab.path("hstate"), format!("{state}\n")).unwrap();
+    helper.to_str().unwrap().to_string()
+}
+
+fn helper_calls(lab: &Lab) -> Vec<String> {
+    std::fs::read_to_string(lab.path("helper-calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// With berth-libvirt installed, the guest's start, shutdown and destroy
+/// go through it (libvirt's API), and virsh is never run.
+#[test]
+fn with_the_helper_every_action_goes_through_libvirts_api() {
+    let lab = Lab::new("running");
+    let helper = with_fake_helper(&lab, "5 1");
+    std::fs::write(lab.path("ignore-acpi"), "").unwrap();
+    let (mut child, sock) = spawn_with(&lab, &["--stop-delay", "1"], &[("BERTH_LIBVIRT_HELPER", &helper)]);
+    assert!(ready(&sock).contains("READY=1"));
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(10)), 0);
+    assert_eq!(
+        helper_calls(&lab),
+        ["start vm", "shutdown vm agent,acpi", "destroy vm"]
+    );
+    assert!(!lab.path("calls").exists(), "virsh was run");
+}
+
+/// A destroy libvirt refuses because the guest is already down is what
+/// was asked (the state read confirms it); any other failure of it fails
+/// the stop.
+#[test]
+fn a_destroy_refused_for_a_guest_gone_down_is_a_success() {
+    for (file, status) in [("down-before-destroy", 0), ("destroy-fails", 1)] {
+        let lab = Lab::new("running");
+        let helper = with_fake_helper(&lab, "1 1");
+        std::fs::write(lab.path(file), "").unwrap();
+        let (mut child, sock) = spawn_with(&lab, &["--power-off"], &[("BERTH_LIBVIRT_HELPER", &helper)]);
+        assert!(ready(&sock).contains("READY=1"));
+        signal(&child, nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(exit_within(&mut child, Duration::from_secs(15)), status, "{file}");
+        assert_eq!(helper_calls(&lab), ["destroy vm"], "{file}");
+    }
+}

@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{CALL_LIMIT, virsh};
+use super::{CALL_LIMIT, events, run_within, virsh};
 use crate::config::Autostart;
 use crate::paths::Root;
+use std::process::Command;
 
 /// One configured guest.
 #[derive(Debug, Clone)]
@@ -65,7 +66,8 @@ pub struct HostView {
     /// A settings file that exists but cannot be read (qemu.conf is
     /// root's alone on Debian).
     pub unreadable: Option<String>,
-    /// From virsh, or why it could not be asked.
+    /// From libvirt (berth-libvirt, else virsh), or why it could not be
+    /// asked.
     pub domains: Result<Domains, String>,
 }
 
@@ -320,7 +322,7 @@ pub fn problems(guests: &[Guest], host: &HostView) -> Vec<String> {
     out
 }
 
-/// Reads the host's libvirt settings (under `root`) and asks virsh.
+/// Reads the host's libvirt settings (under `root`) and asks libvirt.
 /// libvirt-guests.service is `enabled`, or at least `active`.
 pub fn gather(root: &Root, all_guests: bool, enabled: bool, active: bool) -> HostView {
     let guests_service = (enabled || active).then(|| guests_service(root));
@@ -385,6 +387,13 @@ fn guests_service(root: &Root) -> GuestsService {
 }
 
 fn domains() -> Result<Domains, String> {
+    if let Some(helper) = events::helper() {
+        let mut command = Command::new(helper);
+        command.arg("list");
+        return run_within(command, "list", CALL_LIMIT)
+            .map(|out| domains_listed(&out))
+            .map_err(|e| e.to_string());
+    }
     let names = |flags: &[&str]| -> Result<BTreeSet<String>, String> {
         let mut args = vec!["list", "--name"];
         args.extend_from_slice(flags);
@@ -403,9 +412,70 @@ fn domains() -> Result<Domains, String> {
     })
 }
 
+/// `berth-libvirt list`'s lines: `domain ACTIVE AUTOSTART MANAGEDSAVE
+/// NAME`, the name the rest of the line (it may hold blanks). A line of
+/// another shape is none of the helper's and is skipped.
+fn domains_listed(out: &str) -> Domains {
+    let mut domains = Domains::default();
+    for line in out.lines() {
+        let mut fields = line.splitn(5, ' ');
+        let (Some("domain"), Some(active), Some(autostart), Some(saved), Some(name)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        let flag = |f: &str| match f {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        let (Some(active), Some(autostart), Some(saved)) = (flag(active), flag(autostart), flag(saved))
+        else {
+            continue;
+        };
+        if name.is_empty() {
+            continue;
+        }
+        for (set, on) in [
+            (&mut domains.active, active),
+            (&mut domains.autostart, autostart),
+            (&mut domains.managed_save, saved),
+        ] {
+            if on {
+                set.insert(name.to_string());
+            }
+        }
+    }
+    domains
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn domains_as_the_helper_lists_them() {
+        let out = "domain 1 0 0 web\n\
+                   domain 0 1 1 db one\n\
+                   domain 0 0 0 idle\n\
+                   domain 2 0 0 odd\n\
+                   domain 1 0 0 \n\
+                   domain 1 1\n\
+                   state 1 1\n";
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            domains_listed(out),
+            Domains {
+                autostart: set(&["db one"]),
+                managed_save: set(&["db one"]),
+                active: set(&["web"]),
+            }
+        );
+    }
 
     fn guest(name: &str, autostart: Autostart, force: bool, active: bool) -> Guest {
         Guest {

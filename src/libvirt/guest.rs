@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
-use super::{CALL_LIMIT, DomainState, VirshError, state, state_with_reason, virsh};
+use super::{Action, CALL_LIMIT, CallError, DomainState, act, state, state_with_reason};
 use crate::events::Events;
 
 /// How often the guest's state is read while it runs: its end shows in
@@ -127,7 +127,7 @@ pub fn run(root: &crate::paths::Root, domain: &str, policy: &Policy) -> i32 {
     match state(domain) {
         Ok(s) if s.is_up() => events.info(&format!("guest {domain} runs already ({s:?}): adopted")),
         Ok(_) => {
-            if let Err(e) = virsh(&["start", "--domain", domain], CALL_LIMIT) {
+            if let Err(e) = act(domain, Action::Start, CALL_LIMIT) {
                 events.warn(&format!("guest {domain}: start failed: {e}"));
                 return 1;
             }
@@ -306,7 +306,7 @@ fn stop(domain: &str, policy: &Policy, events: &Events) -> i32 {
 fn save_or_shut_down(domain: &str, policy: &Policy, events: &Events) -> i32 {
     let began = Instant::now();
     let limit = policy.stop_delay.max(Duration::from_secs(1));
-    match virsh(&["managedsave", "--domain", domain], limit) {
+    match act(domain, Action::ManagedSave, limit) {
         Ok(_) => {
             events.info(&format!(
                 "guest {domain} saved in {:.1} s; its next start resumes it",
@@ -316,10 +316,10 @@ fn save_or_shut_down(domain: &str, policy: &Policy, events: &Events) -> i32 {
             return EXIT_SAVED;
         }
         Err(e) => {
-            if matches!(e, VirshError::TimedOut(_)) {
+            if matches!(e, CallError::TimedOut(_)) {
                 // The save goes on in libvirt unless aborted; the guest
                 // runs on once it is.
-                let _ = virsh(&["domjobabort", "--domain", domain], CALL_LIMIT);
+                let _ = act(domain, Action::AbortJob, CALL_LIMIT);
             }
             events.warn(&format!(
                 "guest {domain}: managed save failed ({e}); shutting it down instead"
@@ -350,15 +350,15 @@ fn shut_down(domain: &str, policy: &Policy, now: DomainState, began: Instant, ev
     }
     // Neither reacts to ACPI: woken first.
     let wake = match now {
-        DomainState::Paused => Some("resume"),
-        DomainState::PmSuspended => Some("dompmwakeup"),
+        DomainState::Paused => Some(Action::Resume),
+        DomainState::PmSuspended => Some(Action::PmWakeup),
         _ => None,
     };
-    if let Some(verb) = wake
-        && let Err(e) = virsh(&[verb, "--domain", domain], CALL_LIMIT)
+    if let Some(action) = wake
+        && let Err(e) = act(domain, action, CALL_LIMIT)
     {
         events.warn(&format!(
-            "guest {domain} is {now:?} and `virsh {verb}` failed: {e}"
+            "guest {domain} is {now:?} and its {action:?} failed: {e}"
         ));
     }
     let mut asked: Option<Instant> = None;
@@ -378,7 +378,7 @@ fn shut_down(domain: &str, policy: &Policy, now: DomainState, began: Instant, ev
         }
         if asked.is_none_or(|t| t.elapsed() >= ACPI_AGAIN) {
             let mode = policy.shutdown_mode.as_str();
-            match virsh(&["shutdown", "--domain", domain, "--mode", mode], CALL_LIMIT) {
+            match act(domain, Action::Shutdown { mode }, CALL_LIMIT) {
                 Ok(_) if asked.is_none() => events.info(&format!("guest {domain}: shutdown asked ({mode})")),
                 Ok(_) => {}
                 Err(e) => events.warn(&format!("guest {domain}: shutdown ({mode}) failed: {e}")),
@@ -400,12 +400,13 @@ fn shut_down(domain: &str, policy: &Policy, now: DomainState, began: Instant, ev
     }
 }
 
-/// `virsh destroy`, then until it shows as shut off.
+/// A destroy, then until it shows as shut off.
 fn destroy(domain: &str, events: &Events, why: &str) -> i32 {
-    match virsh(&["destroy", "--domain", domain], CALL_LIMIT) {
-        Ok(_) => events.warn(&format!("guest {domain} destroyed: {why}")),
-        // Gone in between: what was asked.
-        Err(VirshError::Failed(e)) if e.contains("not running") => {}
+    match act(domain, Action::Destroy, CALL_LIMIT) {
+        Ok(()) => events.warn(&format!("guest {domain} destroyed: {why}")),
+        // Not running any more (down in between): what was asked; the
+        // state read below confirms it.
+        Err(CallError::Refused(_)) => {}
         Err(e) => {
             events.warn(&format!("guest {domain}: destroy failed ({why}): {e}"));
             return 1;

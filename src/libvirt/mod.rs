@@ -1,4 +1,5 @@
-//! libvirt guests as workloads: `virsh` with a time limit on every call,
+//! libvirt guests as workloads: libvirt's API through berth-libvirt (or
+//! `virsh` where it is not installed) with a time limit on every call,
 //! the domain states berth acts on, and the watcher a guest's unit runs
 //! ([`guest`]). berth talks to libvirt only from a guest's own unit, so
 //! the drain never wakes a libvirt daemon that exited idle.
@@ -36,7 +37,7 @@ pub const DRAIN_WANTS: &[&str] = &["virt-guest-shutdown.target"];
 /// instance has no machine scopes).
 pub const URI: &str = "qemu:///system";
 
-/// How long one virsh call may take before it is killed: libvirt answers
+/// How long one libvirt call may take before it is killed: libvirt answers
 /// in milliseconds, but a hung daemon must not hang a stop.
 pub const CALL_LIMIT: Duration = Duration::from_secs(30);
 
@@ -98,28 +99,32 @@ impl DomainState {
     }
 }
 
-/// Why a virsh call did not give an answer.
+/// Why a call to libvirt (berth-libvirt or virsh) did not give an answer.
 #[derive(Debug)]
-pub enum VirshError {
+pub enum CallError {
     /// It could not be run at all (virsh missing).
     Spawn(std::io::Error),
     /// Still running after the limit: killed.
     TimedOut(Duration),
+    /// libvirt refused the action in the domain's present state
+    /// (VIR_ERR_OPERATION_INVALID: a destroy of a guest that is not
+    /// running): what it said.
+    Refused(String),
     /// It exited non-zero: what it said on stderr.
     Failed(String),
 }
 
-impl std::fmt::Display for VirshError {
+impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            VirshError::Spawn(e) => write!(f, "cannot run virsh: {e}"),
-            VirshError::TimedOut(d) => write!(f, "virsh gave no answer within {} s", d.as_secs()),
-            VirshError::Failed(why) => write!(f, "{why}"),
+            CallError::Spawn(e) => write!(f, "cannot run it: {e}"),
+            CallError::TimedOut(d) => write!(f, "no answer within {} s", d.as_secs()),
+            CallError::Refused(why) | CallError::Failed(why) => write!(f, "{why}"),
         }
     }
 }
 
-impl std::error::Error for VirshError {}
+impl std::error::Error for CallError {}
 
 /// The virsh command line, in the C locale: libvirt translates the
 /// states berth parses ("shut off" is "ausgeschaltet" under de_DE), and
@@ -133,19 +138,105 @@ fn virsh_command(args: &[&str]) -> Command {
 /// `virsh -c qemu:///system ARGS…`, killed after `limit`; its standard
 /// output on success. The domain name is always an option's value
 /// (`--domain NAME`), never a bare word virsh could read as an option.
-pub fn virsh(args: &[&str], limit: Duration) -> Result<String, VirshError> {
+pub fn virsh(args: &[&str], limit: Duration) -> Result<String, CallError> {
     run_within(virsh_command(args), args.first().copied().unwrap_or(""), limit)
+}
+
+/// berth-libvirt's exit status when libvirt refused the action in the
+/// domain's state.
+const HELPER_REFUSED: i32 = 3;
+
+/// What the watcher asks libvirt to do to a guest: one call each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action<'a> {
+    Start,
+    /// `agent,acpi`, `acpi` or `agent`.
+    Shutdown {
+        mode: &'a str,
+    },
+    Destroy,
+    ManagedSave,
+    /// Ends a managed save that outlived its time: the guest runs on.
+    AbortJob,
+    Resume,
+    PmWakeup,
+}
+
+impl<'a> Action<'a> {
+    /// berth-libvirt's arguments for it.
+    fn helper_args(self, domain: &'a str) -> Vec<&'a str> {
+        match self {
+            Action::Shutdown { mode } => vec!["shutdown", domain, mode],
+            other => vec![other.helper_verb(), domain],
+        }
+    }
+
+    fn helper_verb(self) -> &'static str {
+        match self {
+            Action::Start => "start",
+            Action::Shutdown { .. } => "shutdown",
+            Action::Destroy => "destroy",
+            Action::ManagedSave => "managedsave",
+            Action::AbortJob => "abortjob",
+            Action::Resume => "resume",
+            Action::PmWakeup => "pmwakeup",
+        }
+    }
+
+    /// virsh's, where berth-libvirt is not installed.
+    fn virsh_args(self, domain: &'a str) -> Vec<&'a str> {
+        let verb = match self {
+            Action::AbortJob => "domjobabort",
+            Action::PmWakeup => "dompmwakeup",
+            other => other.helper_verb(),
+        };
+        let mut args = vec![verb, "--domain", domain];
+        if let Action::Shutdown { mode } = self {
+            args.extend(["--mode", mode]);
+        }
+        args
+    }
+}
+
+/// Does `action` to `domain` through libvirt's API (berth-libvirt), else
+/// through virsh; killed after `limit`.
+pub fn act(domain: &str, action: Action, limit: Duration) -> Result<(), CallError> {
+    match events::helper() {
+        Some(helper) => {
+            let mut command = Command::new(helper);
+            command.args(action.helper_args(domain));
+            run_within_refusing(command, action.helper_verb(), limit, Some(HELPER_REFUSED)).map(drop)
+        }
+        None => match virsh(&action.virsh_args(domain), limit) {
+            // What libvirt says, untranslated in the C locale, for
+            // VIR_ERR_OPERATION_INVALID.
+            Err(CallError::Failed(why)) if why.contains("Requested operation is not valid") => {
+                Err(CallError::Refused(why))
+            }
+            other => other.map(drop),
+        },
+    }
 }
 
 /// `command`, killed after `limit`; its standard output on success, else
 /// what it said on stderr (`what` names it when it said nothing).
-fn run_within(mut command: Command, what: &str, limit: Duration) -> Result<String, VirshError> {
+fn run_within(command: Command, what: &str, limit: Duration) -> Result<String, CallError> {
+    run_within_refusing(command, what, limit, None)
+}
+
+/// As [`run_within`]; exit status `refused` is [`CallError::Refused`].
+fn run_within_refusing(
+    mut command: Command,
+    what: &str,
+    limit: Duration,
+    refused: Option<i32>,
+) -> Result<String, CallError> {
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(VirshError::Spawn)?;
+        .map_err(CallError::Spawn)?;
     let began = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -153,10 +244,10 @@ fn run_within(mut command: Command, what: &str, limit: Duration) -> Result<Strin
             Ok(None) if began.elapsed() >= limit => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(VirshError::TimedOut(limit));
+                return Err(CallError::TimedOut(limit));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(VirshError::Spawn(e)),
+            Err(e) => return Err(CallError::Spawn(e)),
         }
     };
     // virsh's answers are a few lines: the pipes never fill before exit.
@@ -169,35 +260,39 @@ fn run_within(mut command: Command, what: &str, limit: Duration) -> Result<Strin
         let _ = e.read_to_string(&mut err);
     }
     if status.success() {
-        Ok(out)
+        return Ok(out);
+    }
+    let why = err.trim().trim_start_matches("error: ").replace('\n', "; ");
+    let why = if why.is_empty() {
+        format!(
+            "{} {what} exited with {status}",
+            command.get_program().to_string_lossy()
+        )
     } else {
-        let why = err.trim().trim_start_matches("error: ").replace('\n', "; ");
-        Err(VirshError::Failed(if why.is_empty() {
-            format!(
-                "{} {what} exited with {status}",
-                command.get_program().to_string_lossy()
-            )
-        } else {
-            why
-        }))
+        why
+    };
+    if refused.is_some() && status.code() == refused {
+        Err(CallError::Refused(why))
+    } else {
+        Err(CallError::Failed(why))
     }
 }
 
 /// The domain's state.
-pub fn state(domain: &str) -> Result<DomainState, VirshError> {
+pub fn state(domain: &str) -> Result<DomainState, CallError> {
     state_with_reason(domain).map(|(s, _)| s)
 }
 
 /// The domain's state and its reason: libvirt's numbers through
 /// berth-libvirt where it is installed, else virsh's words (C locale).
-pub fn state_with_reason(domain: &str) -> Result<(DomainState, Option<String>), VirshError> {
+pub fn state_with_reason(domain: &str) -> Result<(DomainState, Option<String>), CallError> {
     if let Some(helper) = events::helper() {
         let mut command = Command::new(&helper);
         command.args(["state", domain]);
         let out = run_within(command, "state", CALL_LIMIT)?;
         return match events::Seen::parse(out.trim()) {
             Some(events::Seen::State { state, reason }) => Ok(events::domain_state(state, reason)),
-            _ => Err(VirshError::Failed(format!(
+            _ => Err(CallError::Failed(format!(
                 "{} state gave no state: {:?}",
                 helper.display(),
                 out.chars().take(80).collect::<String>()
@@ -222,6 +317,66 @@ mod tests {
             env.contains(&(std::ffi::OsStr::new("LC_ALL"), Some(std::ffi::OsStr::new("C")))),
             "{env:?}"
         );
+    }
+
+    /// The same action through either path: the helper's verbs, virsh's
+    /// with the domain always an option's value.
+    #[test]
+    fn actions_as_each_path_asks_them() {
+        for (action, helper, virsh) in [
+            (
+                Action::Start,
+                vec!["start", "vm"],
+                vec!["start", "--domain", "vm"],
+            ),
+            (
+                Action::Shutdown { mode: "agent,acpi" },
+                vec!["shutdown", "vm", "agent,acpi"],
+                vec!["shutdown", "--domain", "vm", "--mode", "agent,acpi"],
+            ),
+            (
+                Action::Destroy,
+                vec!["destroy", "vm"],
+                vec!["destroy", "--domain", "vm"],
+            ),
+            (
+                Action::ManagedSave,
+                vec!["managedsave", "vm"],
+                vec!["managedsave", "--domain", "vm"],
+            ),
+            (
+                Action::AbortJob,
+                vec!["abortjob", "vm"],
+                vec!["domjobabort", "--domain", "vm"],
+            ),
+            (
+                Action::Resume,
+                vec!["resume", "vm"],
+                vec!["resume", "--domain", "vm"],
+            ),
+            (
+                Action::PmWakeup,
+                vec!["pmwakeup", "vm"],
+                vec!["dompmwakeup", "--domain", "vm"],
+            ),
+        ] {
+            assert_eq!(action.helper_args("vm"), helper, "{action:?}");
+            assert_eq!(action.virsh_args("vm"), virsh, "{action:?}");
+        }
+    }
+
+    /// The helper's exit status 3 is a refusal, any other failure a
+    /// failure: the watcher's destroy relies on telling them apart.
+    #[test]
+    fn a_refusal_is_told_from_a_failure() {
+        let run = |code: i32| {
+            let mut command = Command::new("sh");
+            command.args(["-c", &format!("echo 'not running' >&2; exit {code}")]);
+            run_within_refusing(command, "destroy", Duration::from_secs(10), Some(HELPER_REFUSED))
+        };
+        assert!(matches!(run(3), Err(CallError::Refused(why)) if why == "not running"));
+        assert!(matches!(run(1), Err(CallError::Failed(why)) if why == "not running"));
+        assert!(run(0).is_ok());
     }
 
     #[test]

@@ -11,7 +11,9 @@
 # cleanly; at power-off the guest whose only way down is its agent (it
 # ignores ACPI; a stand-in agent, see tests/harness/guests/agent) goes
 # down through it: the default shutdown_mode is agent, then ACPI. The
-# watchers follow their guests by libvirt's events (berth-libvirt).
+# watchers follow their guests by libvirt's events and act on them by
+# libvirt's API (berth-libvirt): a virsh that logs who runs it sees
+# nothing of berth's.
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 34-libvirt-all
 
@@ -33,6 +35,9 @@ run() { out=$(ct "$@" 2>&1) && rc=0 || rc=$?; }
 
 ct_boot libvirt-all "$REPO/tests/harness/config/libvirt-all"
 ct systemctl is-active --wait berth-autostart.service >/dev/null 2>&1 || true
+# From here on every virsh run is logged with its parent's name.
+ct sh -c 'mv /usr/bin/virsh /usr/bin/virsh.real && printf "%s\n" "#!/bin/sh" \
+    "echo \"\$(cat /proc/\$PPID/comm 2>/dev/null): \$*\" >>/vm/virsh-calls" "exec /usr/bin/virsh.real \"\$@\"" >/usr/bin/virsh && chmod 755 /usr/bin/virsh'
 check_eq "no workload files at all" "" "$(ct ls /etc/berth/workloads 2>/dev/null)"
 for g in allg-a allg-agent; do
     check_eq "berth@$g (no file of its own) started by the autostart" active "$(ct_prop "berth@$g.service" ActiveState)"
@@ -106,4 +111,7 @@ agent_serial=$(cat "$VM/allg-agent.serial")
 check_contains "the agent guest went down through its agent" "guest: agent: guest-shutdown, shutting down" "$agent_serial"
 check_contains "... and unmounted its disk" "guest: disk unmounted" "$agent_serial"
 check_contains "the plain guest got the ACPI button (no agent channel)" "guest: acpi power button" "$(cat "$VM/allg-a.serial")"
+virsh_calls=$(cat "$VM/virsh-calls" 2>&1)
+check_contains "the logging virsh saw the scenario's own calls" "define /vm/allg-late.xml" "$virsh_calls"
+check_lacks "... and none of berth's: its start, check, shutdown by libvirt's API" "berth:" "$virsh_calls"
 
