@@ -197,6 +197,7 @@ bench: all
 	bench/add-burst.sh
 	bench/libvirt-drain.sh
 	bench/libvirt-events.sh
+	bench/metrics.sh
 	bench/cluster-takeover.sh
 	bench/cluster-scale.sh
 	bench/cluster-watchdog.sh

@@ -19,6 +19,12 @@ macro_rules! string_enum {
         }
 
         impl $name {
+            /// Every value this build knows, in declaration order.
+            #[allow(dead_code)]
+            pub fn known() -> Vec<$name> {
+                vec![$( $name::$variant, )+]
+            }
+
             pub fn as_str(&self) -> &str {
                 match self {
                     $( $name::$variant => $text, )+

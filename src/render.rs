@@ -426,9 +426,10 @@ pub fn daemon_drop_in(root: &Root, loaded: &Loaded) -> String {
             (
                 "service_lines",
                 &format!(
-                    "{}{}",
+                    "{}{}{}",
                     daemon_socket_lines(root, loaded),
-                    daemon_cluster_service_lines(loaded)
+                    daemon_cluster_service_lines(loaded),
+                    daemon_metrics_lines(root, loaded)
                 ),
             ),
         ],
@@ -449,6 +450,33 @@ fn daemon_cluster_service_lines(loaded: &Loaded) -> String {
         exec_line(&["berth".to_string(), "fence-arm".into()]),
         cluster_tls_lines(loaded, true)
     )
+}
+
+/// `[daemon] metrics_listen` takes back from the packaged sandbox the
+/// network the listener needs, and only when it is configured: IPv4 and
+/// IPv6 sockets, the host's network, and for a loopback address only
+/// loopback peers (the packaged `IPAddressDeny=any` stays). Another
+/// address is the admin's choice of who scrapes: no address filter.
+/// `metrics_textfile` makes its directory writable ("-": one that is not
+/// there is skipped, and the daemon says it cannot write there).
+fn daemon_metrics_lines(root: &Root, loaded: &Loaded) -> String {
+    let daemon = &loaded.host.daemon;
+    if !daemon.api || root.manager() != crate::paths::Manager::System {
+        return String::new();
+    }
+    let mut lines = String::new();
+    if let Some(addr) = daemon.metrics_listen {
+        lines.push_str("PrivateNetwork=no\nRestrictAddressFamilies=AF_INET AF_INET6\n");
+        lines.push_str(if addr.ip().is_loopback() {
+            "IPAddressAllow=localhost\n"
+        } else {
+            "IPAddressDeny=\n"
+        });
+    }
+    if let Some(dir) = &daemon.metrics_textfile {
+        let _ = writeln!(lines, "ReadWritePaths={}", path_word("-", dir));
+    }
+    lines
 }
 
 /// With TLS, the key may be one root reads only through
@@ -653,6 +681,46 @@ mod tests {
             drain.contains("RestrictAddressFamilies=AF_INET AF_INET6\n"),
             "{drain}"
         );
+    }
+
+    /// The metrics listener opens the network only when configured, and
+    /// for loopback only loopback peers; the textfile's directory is
+    /// made writable.
+    #[test]
+    fn the_metrics_listener_and_textfile_open_only_what_they_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let etc = dir.path().join("etc/berth");
+        std::fs::create_dir_all(&etc).unwrap();
+        let daemon = |toml: &str| {
+            std::fs::write(etc.join("berth.toml"), toml).unwrap();
+            let loaded = crate::config::load(&root);
+            assert!(loaded.is_clean(), "{:?}", loaded.errors);
+            daemon_drop_in(&root, &loaded)
+        };
+        let none = daemon("");
+        assert!(
+            !none.contains("PrivateNetwork") && !none.contains("AF_INET"),
+            "{none}"
+        );
+        let loopback =
+            daemon("[daemon]\nmetrics_listen = 9750\nmetrics_textfile = \"/var/lib/node exporter\"\n");
+        for line in [
+            "PrivateNetwork=no\n",
+            "RestrictAddressFamilies=AF_INET AF_INET6\n",
+            "IPAddressAllow=localhost\n",
+            "ReadWritePaths=\"-/var/lib/node exporter\"\n",
+        ] {
+            assert!(loopback.contains(line), "{line:?} in {loopback}");
+        }
+        assert!(!loopback.contains("IPAddressDeny=\n"), "{loopback}");
+        let any = daemon("[daemon]\nmetrics_listen = \"0.0.0.0:9750\"\n");
+        assert!(
+            any.contains("IPAddressDeny=\n") && !any.contains("IPAddressAllow"),
+            "{any}"
+        );
+        let off = daemon("[daemon]\napi = false\nmetrics_listen = 9750\n");
+        assert!(!off.contains("PrivateNetwork"), "no API, no listener: {off}");
     }
 
     #[test]

@@ -19,11 +19,15 @@
 //!   snapshot; nothing is replayed; a reader that falls behind loses events
 //!   (told by a fresh `sync`) and never slows the others or the loop.
 //!
+//! - `GET /metrics`: Prometheus' text format, or OpenMetrics when asked
+//!   ([`metrics`]), from the daemon's own state.
+//!
 //! GET and HEAD only; query strings are ignored. The server runs on its own
 //! thread and runtime, so a stalled supervisor loop cannot stall it, and
 //! `/healthz` can say so.
 
 pub mod health;
+pub mod metrics;
 mod routes;
 mod server;
 
@@ -41,7 +45,7 @@ use crate::state::records::Record;
 use crate::systemd::ActiveState;
 use health::{Health, HealthStatus};
 
-pub use server::{Bound, start, stop};
+pub use server::{Bound, start, start_metrics, stop};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WorkloadView {
@@ -51,6 +55,10 @@ pub struct WorkloadView {
     pub main_pid: u32,
     pub invocation_id: String,
     pub record: Option<RecordJson>,
+    /// What `/metrics` serves of it, taken from the record when the view
+    /// is published: a scrape parses no JSON.
+    #[serde(skip)]
+    pub facts: metrics::Facts,
 }
 
 /// A record as the JSON the API serves it, serialized once when it is
@@ -192,6 +200,15 @@ pub struct Shared {
     /// (each pass, and at once when it adopts or clears one).
     freezes: Mutex<Arc<crate::state::freeze::Freezes>>,
     listing_error: Mutex<Option<String>>,
+    /// The last drain's report and the last autostart's, as the daemon
+    /// last read them.
+    last_drain: Mutex<Option<Arc<crate::state::drain_report::Report>>>,
+    last_autostart: Mutex<Option<crate::state::autostart_report::Report>>,
+    /// The daemon's own adoption at its start: workloads found running,
+    /// and how long its first pass took.
+    adoption: Mutex<Option<(usize, Duration)>>,
+    /// The daemon's and the server's own counters, for `/metrics`.
+    pub stats: metrics::Stats,
 }
 
 const EVENT_BUFFER: usize = 256;
@@ -217,7 +234,46 @@ impl Shared {
             cluster_asked: AtomicBool::new(false),
             freezes: Mutex::new(Arc::default()),
             listing_error: Mutex::new(None),
+            last_drain: Mutex::new(None),
+            last_autostart: Mutex::new(None),
+            adoption: Mutex::new(None),
+            stats: metrics::Stats::default(),
         })
+    }
+
+    pub fn set_last_drain(&self, report: Option<crate::state::drain_report::Report>) {
+        *lock(&self.last_drain) = report.map(Arc::new);
+    }
+
+    pub fn last_drain(&self) -> Option<Arc<crate::state::drain_report::Report>> {
+        lock(&self.last_drain).clone()
+    }
+
+    pub fn set_last_autostart(&self, report: Option<crate::state::autostart_report::Report>) {
+        *lock(&self.last_autostart) = report;
+    }
+
+    pub fn last_autostart(&self) -> Option<crate::state::autostart_report::Report> {
+        lock(&self.last_autostart).clone()
+    }
+
+    /// The daemon's first pass adopted `running` workloads in `took`.
+    pub fn set_adoption(&self, running: usize, took: Duration) {
+        *lock(&self.adoption) = Some((running, took));
+    }
+
+    pub fn adoption(&self) -> Option<(usize, Duration)> {
+        *lock(&self.adoption)
+    }
+
+    /// A pass took `took`.
+    pub fn observe_pass(&self, took: Duration) {
+        lock(&self.stats.passes).observe(took.as_secs_f64());
+    }
+
+    /// The passes' histogram as it is now.
+    pub fn passes(&self) -> metrics::exposition::Histogram {
+        lock(&self.stats.passes).clone()
     }
 
     pub fn set_freezes(&self, freezes: crate::state::freeze::Freezes) {
@@ -376,6 +432,7 @@ pub(crate) fn view(name: &str) -> WorkloadView {
         main_pid: 42,
         invocation_id: "abc".into(),
         record: None,
+        facts: metrics::Facts::default(),
     }
 }
 

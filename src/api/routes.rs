@@ -14,6 +14,8 @@ pub(super) enum Reply {
     Json(StatusCode, Value),
     /// The Server-Sent Events stream.
     Events,
+    /// The metrics, in the format the request's `Accept` asks for.
+    Metrics,
 }
 
 /// Routes a request. Query strings never reach here (the server passes
@@ -58,6 +60,7 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
             )
         }
         "/v1/events" => Reply::Events,
+        "/metrics" => Reply::Metrics,
         "/v1/cluster" => match shared.cluster() {
             ClusterSlot::Off => Reply::Json(StatusCode::NOT_FOUND, json!({"error": "not in cluster mode"})),
             ClusterSlot::Waiting => Reply::Json(
@@ -178,10 +181,12 @@ mod tests {
                         "{method} {path}: {body} lacks {fragment}"
                     );
                 }
-                Reply::Events => panic!("{method} {path}: unexpected event stream"),
+                other => panic!("{method} {path}: unexpected {other:?}"),
             }
         }
         assert_eq!(route(&get, "/v1/events", &shared, now), Reply::Events);
+        assert_eq!(route(&get, "/metrics", &shared, now), Reply::Metrics);
+        assert_eq!(route(&Method::HEAD, "/metrics", &shared, now), Reply::Metrics);
         assert_eq!(route(&Method::HEAD, "/v1/events", &shared, now), Reply::Events);
         shared.passed(now, Health::default());
         assert_eq!(
@@ -238,7 +243,7 @@ mod tests {
         let now = SystemTime::now();
         let get = |shared: &Shared| match route(&Method::GET, "/v1/cluster", shared, now) {
             Reply::Json(code, body) => (code, body),
-            Reply::Events => panic!("an event stream"),
+            other => panic!("{other:?}"),
         };
         assert_eq!(
             get(&shared),

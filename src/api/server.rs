@@ -8,13 +8,14 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Bytes, Frame, Incoming};
-use hyper::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -23,6 +24,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
+use super::metrics::exposition::{Format, render};
+use super::metrics::families;
 use super::routes::{Reply, route};
 use super::{Event, Shared};
 use crate::paths::share_with_berth_group;
@@ -168,7 +171,9 @@ struct Limits {
     streams: Arc<Semaphore>,
 }
 
-async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+/// hyper's connection settings, both listeners': a head within
+/// [`HEAD_TIMEOUT`] of at most [`MAX_HEAD`], kept-alive connections.
+fn http_builder() -> http1::Builder {
     let mut http = http1::Builder::new();
     // hyper needs a timer for its header-read timeout (it panics without).
     // The timeout is a deadline for the whole head, from the moment hyper
@@ -180,6 +185,11 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         .max_buf_size(MAX_HEAD)
         // The header spelling clients saw before hyper.
         .title_case_headers(true);
+    http
+}
+
+async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    let http = http_builder();
     // A reserved slot is held briefly: one request, a short deadline for
     // its head, so that clients holding it idle give it back quickly.
     let mut health_only = http.clone();
@@ -208,11 +218,19 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
                 .peer_cred()
                 .is_ok_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw())
         };
+        let stats = &shared.stats;
         let (slot, permit) = match limits.connections.clone().try_acquire_owned() {
-            Ok(permit) => (Slot::Full, permit),
+            Ok(permit) => {
+                stats.connections.fetch_add(1, Ordering::Relaxed);
+                (Slot::Full, permit)
+            }
             Err(_) => match limits.reserved.clone().try_acquire_owned() {
-                Ok(permit) if privileged() => (Slot::HealthOnly, permit),
+                Ok(permit) if privileged() => {
+                    stats.health_only.fetch_add(1, Ordering::Relaxed);
+                    (Slot::HealthOnly, permit)
+                }
                 _ => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
                     tokio::spawn(refuse(stream));
                     continue;
                 }
@@ -236,14 +254,14 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
 
 /// A stream whose writes fail with `TimedOut` once one has waited
 /// `limit` without progress; reads pass through (hyper bounds them).
-struct WriteDeadline {
-    inner: tokio::net::UnixStream,
+struct WriteDeadline<S> {
+    inner: S,
     limit: Duration,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl WriteDeadline {
-    fn new(inner: tokio::net::UnixStream, limit: Duration) -> WriteDeadline {
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> WriteDeadline<S> {
         WriteDeadline {
             inner,
             limit,
@@ -272,7 +290,7 @@ impl WriteDeadline {
     }
 }
 
-impl tokio::io::AsyncRead for WriteDeadline {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -282,7 +300,7 @@ impl tokio::io::AsyncRead for WriteDeadline {
     }
 }
 
-impl tokio::io::AsyncWrite for WriteDeadline {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.deadline(cx, polled)
@@ -311,14 +329,30 @@ impl tokio::io::AsyncWrite for WriteDeadline {
     }
 }
 
-/// Over every limit: a 503 without reading the request, then close.
-async fn refuse(mut stream: tokio::net::UnixStream) {
+/// Over every limit: a 503 without parsing the request, then close. What
+/// the client sent is read and dropped first, within the same second: a
+/// TCP socket closed with unread bytes sends a reset, which may reach the
+/// client before the 503 does.
+async fn refuse(mut stream: impl tokio::io::AsyncWrite + tokio::io::AsyncRead + Unpin) {
+    use tokio::io::AsyncReadExt;
     const BODY: &str = r#"{"error":"too many connections"}"#;
     let text = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
         BODY.len()
     );
-    let _ = tokio::time::timeout(REFUSE_TIMEOUT, stream.write_all(text.as_bytes())).await;
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, async {
+        stream.write_all(text.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Until the client closes, or the second is up; at most 64 KiB.
+        let mut sink = [0u8; 1024];
+        for _ in 0..64 {
+            if stream.read(&mut sink).await? == 0 {
+                break;
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 fn json(status: StatusCode, body: &serde_json::Value) -> Response<ResponseBody> {
@@ -345,13 +379,16 @@ fn answer(
             &serde_json::json!({"error": "too many connections; only /healthz is answered"}),
         );
     }
-    match route(request.method(), path, shared, SystemTime::now()) {
+    let now = SystemTime::now();
+    match route(request.method(), path, shared, now) {
         Reply::Json(status, body) => json(status, &body),
+        Reply::Metrics => metrics(request, shared, now),
         Reply::Events => {
             let body = if request.method() == Method::HEAD {
                 Empty::new().boxed()
             } else {
                 let Ok(permit) = limits.streams.clone().try_acquire_owned() else {
+                    shared.stats.streams_refused.fetch_add(1, Ordering::Relaxed);
                     return json(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &serde_json::json!({"error": "too many event streams"}),
@@ -370,6 +407,91 @@ fn answer(
             response
         }
     }
+}
+
+/// The metrics in the format the request's `Accept` asks for.
+fn metrics(request: &Request<Incoming>, shared: &Shared, now: SystemTime) -> Response<ResponseBody> {
+    if request.method() == Method::GET {
+        shared.stats.scrapes.fetch_add(1, Ordering::Relaxed);
+    }
+    let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
+    let text = render(&families(shared, now), format);
+    let mut response = Response::new(Full::new(Bytes::from(text)).boxed());
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(format.content_type()));
+    response
+}
+
+/// The opt-in TCP listener (`[daemon] metrics_listen`): `/metrics` and
+/// nothing else, GET and HEAD, with the Unix socket's head and write
+/// deadlines and a connection limit of its own, so that scrapers and the
+/// API's clients never take each other's slots. Serves on a thread of its
+/// own; the address it bound.
+pub fn start_metrics(addr: std::net::SocketAddr, shared: Arc<Shared>) -> io::Result<std::net::SocketAddr> {
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let bound = std_listener.local_addr()?;
+    let rt = crate::systemd::runtime()?;
+    std::thread::Builder::new()
+        .name("berth-metrics".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                if let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) {
+                    metrics_accept_loop(listener, shared).await;
+                }
+            });
+        })?;
+    Ok(bound)
+}
+
+async fn metrics_accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let http = http_builder();
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            shared.stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        shared.stats.tcp_connections.fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        let connection = http.serve_connection(
+            TokioIo::new(WriteDeadline::new(stream, WRITE_TIMEOUT)),
+            service_fn(move |request| {
+                let answer = metrics_only(&request, &shared);
+                async move { Ok::<_, Infallible>(answer) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+}
+
+fn metrics_only(request: &Request<Incoming>, shared: &Shared) -> Response<ResponseBody> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &serde_json::json!({"error": "read-only: only GET"}),
+        );
+    }
+    if request.uri().path() != "/metrics" {
+        return json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "only /metrics is served over TCP"}),
+        );
+    }
+    metrics(request, shared, SystemTime::now())
 }
 
 /// The body of an event stream: what [`feed`] queues, as it comes.

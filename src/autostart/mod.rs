@@ -61,6 +61,8 @@ pub async fn run<O: Ops>(
     last: &LastState,
     events: &Events,
 ) -> Result<Summary, SystemdError> {
+    let began = std::time::Instant::now();
+    let began_at = crate::time::rfc3339(std::time::SystemTime::now());
     let units = loaded.workload_units();
     let live = ops.list_workloads(&units.existing_units()).await?;
     let running: BTreeSet<String> = live
@@ -83,6 +85,7 @@ pub async fn run<O: Ops>(
     if let Some(reason) = node_frozen {
         events.warn(&format!("starting no workload: {reason}"));
         commit(batch, root, events);
+        leave_report(root, &summary, running.len(), &began_at, began, events);
         return Ok(summary);
     }
     if loaded
@@ -97,7 +100,34 @@ pub async fn run<O: Ops>(
     }
     commit(batch, root, events);
     tell_done(&summary, running.len(), events);
+    leave_report(root, &summary, running.len(), &began_at, began, events);
     Ok(summary)
+}
+
+/// `last-autostart.json`, for the daemon's metrics.
+fn leave_report(
+    root: &Root,
+    summary: &Summary,
+    adopted: usize,
+    began_at: &str,
+    began: std::time::Instant,
+    events: &Events,
+) {
+    let report = crate::state::autostart_report::Report {
+        started_at: began_at.to_string(),
+        elapsed_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+        started: summary.count(|a| *a == Action::Started),
+        failed: summary.count(|a| matches!(a, Action::StartFailed(_))),
+        skipped: summary.count(|a| matches!(a, Action::Skipped(_))),
+        adopted,
+        node_frozen: summary.node_frozen.clone(),
+    };
+    if let Err(e) = crate::state::autostart_report::write(root, &report) {
+        events.warn(&format!(
+            "cannot write {}: {e}",
+            crate::state::autostart_report::path(root).display()
+        ));
+    }
 }
 
 /// Records each running workload as adopted (left untouched).

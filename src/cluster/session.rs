@@ -83,6 +83,18 @@ impl std::fmt::Display for ClusterError {
 
 impl std::error::Error for ClusterError {}
 
+impl ClusterError {
+    /// Its kind, as the metrics label it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClusterError::Etcd(_) => "error",
+            ClusterError::Local(..) => "local",
+            ClusterError::Unanswered(_) => "timeout",
+            ClusterError::TooMany { .. } => "too-many",
+        }
+    }
+}
+
 impl From<etcd_client::Error> for ClusterError {
     fn from(e: etcd_client::Error) -> Self {
         ClusterError::Etcd(e.to_string())
@@ -99,10 +111,14 @@ pub async fn within<T, E: Into<ClusterError>>(
     limit: Duration,
     call: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, ClusterError> {
-    match tokio::time::timeout(limit, call).await {
+    let result = match tokio::time::timeout(limit, call).await {
         Ok(r) => r.map_err(Into::into),
         Err(_) => Err(ClusterError::Unanswered(limit)),
+    };
+    if let Err(e) = &result {
+        crate::api::metrics::ETCD_FAILURES.count(e.kind());
     }
+    result
 }
 
 /// `key`'s value (or, with `options`, the keys under it), bounded.
@@ -412,6 +428,44 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    /// Every failed call through `within` is counted by its kind, for
+    /// the metrics; a call that succeeds is not.
+    #[tokio::test]
+    async fn failed_calls_are_counted_by_kind() {
+        let count = |kind: &str| crate::api::metrics::ETCD_FAILURES.get(kind);
+        let (timeouts, errors) = (count("timeout"), count("error"));
+        let hung = within(
+            Duration::from_millis(10),
+            std::future::pending::<Result<(), ClusterError>>(),
+        )
+        .await;
+        assert!(matches!(hung, Err(ClusterError::Unanswered(_))));
+        let refused = within(S, async { Err::<(), _>(ClusterError::Etcd("refused".into())) }).await;
+        assert!(refused.is_err());
+        within(S, async { Ok::<_, ClusterError>(()) }).await.unwrap();
+        // Other tests may count too, in parallel: at least these.
+        assert!(count("timeout") > timeouts);
+        assert!(count("error") > errors);
+        for (e, kind) in [
+            (ClusterError::Etcd("x".into()), "error"),
+            (
+                ClusterError::Local("/k".into(), std::io::Error::other("x")),
+                "local",
+            ),
+            (ClusterError::Unanswered(S), "timeout"),
+            (
+                ClusterError::TooMany {
+                    dir: "owners/".into(),
+                    limit: 1,
+                },
+                "too-many",
+            ),
+        ] {
+            assert_eq!(e.kind(), kind);
+            assert!(crate::api::metrics::FailureCounts::KINDS.contains(&kind));
+        }
+    }
 
     /// Issue 13, point 3: the deadline anchors on the send time of the
     /// keep-alive the answer is for, never on the answer's arrival.

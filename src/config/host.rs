@@ -52,6 +52,11 @@ pub struct DaemonSettings {
     pub gc_interval_s: u64,
     pub api: bool,
     pub socket: PathBuf,
+    /// The opt-in TCP listener for `/metrics` alone.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The directory where the daemon keeps `berth.prom` for
+    /// node_exporter's textfile collector.
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 impl Default for HostSettings {
@@ -95,6 +100,8 @@ impl Default for DaemonSettings {
             gc_interval_s: 0,
             api: true,
             socket: PathBuf::from("/run/berthd/api.sock"),
+            metrics_listen: None,
+            metrics_textfile: None,
         }
     }
 }
@@ -121,7 +128,56 @@ const DAEMON_KEYS: &[&str] = &[
     "gc_interval_s",
     "api",
     "socket",
+    "metrics_listen",
+    "metrics_textfile",
 ];
+
+/// `metrics_listen`'s value: a port alone (on loopback: 127.0.0.1), or
+/// `ADDRESS:PORT` (`[V6]:PORT`) for another address, named by the admin.
+fn metrics_listen(value: &toml::Value) -> Result<std::net::SocketAddr, String> {
+    const WANT: &str = "a port (1 to 65535, on 127.0.0.1) or \"ADDRESS:PORT\"";
+    let addr = match value {
+        toml::Value::Integer(port) => match u16::try_from(*port) {
+            Ok(port) if port > 0 => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            _ => return Err(format!("must be {WANT}, not {port}")),
+        },
+        toml::Value::String(text) => text
+            .parse::<std::net::SocketAddr>()
+            .map_err(|_| format!("must be {WANT}, not {:?}", text))?,
+        other => return Err(format!("must be {WANT}, not {}", other.type_str())),
+    };
+    if addr.port() == 0 {
+        return Err(format!(
+            "must be {WANT}: port 0 would be a different port at each start"
+        ));
+    }
+    Ok(addr)
+}
+
+/// The daemon's sandbox gives it a /tmp and /var/tmp of its own and hides
+/// home directories: a textfile there would never reach node_exporter.
+const HIDDEN_FROM_THE_DAEMON: [&str; 5] = ["/tmp", "/var/tmp", "/home", "/root", "/run/user"];
+
+/// `metrics_textfile`'s value: an absolute directory the daemon's sandbox
+/// can make writable and node_exporter can see.
+fn textfile_dir(dir: &str) -> Result<(), String> {
+    if !dir.starts_with('/') || dir.split('/').any(|part| part == "..") {
+        return Err(format!(
+            "must be an absolute path to a directory, without \"..\", not {dir:?}"
+        ));
+    }
+    if dir.len() > 4000 {
+        return Err(format!("is {} bytes long; at most 4000", dir.len()));
+    }
+    let path = Path::new(dir);
+    if let Some(hidden) = HIDDEN_FROM_THE_DAEMON.iter().find(|h| path.starts_with(h)) {
+        return Err(format!(
+            "is under {hidden}, which the daemon's sandbox keeps private (PrivateTmp=, ProtectHome=): node_exporter \
+             would never see the file"
+        ));
+    }
+    Ok(())
+}
 
 /// `sun_path` holds 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
@@ -214,6 +270,19 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
                 );
             } else {
                 daemon.socket = PathBuf::from(socket);
+            }
+        }
+        match dr.take("metrics_listen") {
+            None => {}
+            Some(value) => match metrics_listen(value) {
+                Ok(addr) => daemon.metrics_listen = Some(addr),
+                Err(reason) => dr.error("metrics_listen", reason),
+            },
+        }
+        if let Some(dir) = dr.opt_text("metrics_textfile") {
+            match textfile_dir(&dir) {
+                Ok(()) => daemon.metrics_textfile = Some(PathBuf::from(dir)),
+                Err(reason) => dr.error("metrics_textfile", reason),
             }
         }
         daemon_errors = dr.finish(DAEMON_KEYS);
@@ -582,6 +651,57 @@ mod tests {
         let long = format!("[daemon]\nsocket = \"/{}\"", "x".repeat(120));
         assert!(messages(&long)[0].contains("at most 107"));
         assert!(messages("[daemon]\nsocket = \"rel.sock\"")[0].contains("absolute"));
+    }
+
+    #[test]
+    fn metrics_listen_and_textfile() {
+        let listen = |v: &str| {
+            check(&format!("[daemon]\nmetrics_listen = {v}"))
+                .map(|s| s.daemon.metrics_listen.unwrap().to_string())
+        };
+        assert_eq!(
+            listen("9750").unwrap(),
+            "127.0.0.1:9750",
+            "a port alone is loopback's"
+        );
+        assert_eq!(listen("\"0.0.0.0:9750\"").unwrap(), "0.0.0.0:9750");
+        assert_eq!(listen("\"[::1]:9750\"").unwrap(), "[::1]:9750");
+        for bad in [
+            "0",
+            "65536",
+            "-1",
+            "\"localhost:9750\"",
+            "\"9750\"",
+            "\"1.2.3.4:0\"",
+            "true",
+        ] {
+            let m = messages(&format!("[daemon]\nmetrics_listen = {bad}"));
+            assert!(
+                m.len() == 1 && m[0].contains("daemon.metrics_listen") && m[0].contains("a port (1 to 65535"),
+                "{bad}: {m:?}"
+            );
+        }
+        let s = check("[daemon]\nmetrics_textfile = \"/var/lib/prometheus/node-exporter\"").unwrap();
+        assert_eq!(
+            s.daemon.metrics_textfile.as_deref(),
+            Some(Path::new("/var/lib/prometheus/node-exporter"))
+        );
+        for bad in [
+            "\"relative\"",
+            "\"/a/../etc\"",
+            "\"/a\\nb\"",
+            "1",
+            "\"/tmp/prom\"",
+            "\"/var/tmp\"",
+            "\"/home/me/prom\"",
+        ] {
+            let m = messages(&format!("[daemon]\nmetrics_textfile = {bad}"));
+            assert!(
+                m.len() == 1 && m[0].contains("daemon.metrics_textfile"),
+                "{bad}: {m:?}"
+            );
+        }
+        assert_eq!(check("").unwrap().daemon.metrics_listen, None);
     }
 
     #[test]

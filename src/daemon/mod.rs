@@ -17,6 +17,7 @@
 //! what nobody else did: `start-user`, `stop-user` and `unexpected-exit`.
 
 pub mod classify;
+mod messages;
 mod supervisor;
 
 use std::path::Path;
@@ -187,7 +188,12 @@ async fn run<O: Ops>(sd: O, root: Root, options: Options) -> Result<Exit, StartE
     let cluster = crate::state::runs::boot_id()
         .ok()
         .and_then(|boot| crate::cluster::start_agent(&root, &loaded, boot, api.clone()));
+    let textfile = api
+        .as_ref()
+        .and(loaded.host.daemon.metrics_textfile.as_deref())
+        .map(|dir| api::metrics::textfile::Textfile::new(&root.join(dir)));
     let mut sup = Supervisor::new(sd, root, loaded, events, api);
+    sup.textfile = textfile;
     sup.share_watched(watched);
     sup.cluster = cluster;
 
@@ -279,7 +285,15 @@ fn serve_api(
     let socket = root.join(&loaded.host.daemon.socket);
     let shared = Shared::new(interval * 3 + Duration::from_secs(5));
     match api::start(&socket, shared.clone()) {
-        Ok(bound) => (Some(shared), Some(bound)),
+        Ok(bound) => {
+            if let Some(addr) = loaded.host.daemon.metrics_listen {
+                match api::start_metrics(addr, shared.clone()) {
+                    Ok(bound) => events.info(&format!("metrics served over TCP on {bound}")),
+                    Err(e) => events.warn(&format!("no metrics over TCP: cannot listen on {addr}: {e}")),
+                }
+            }
+            (Some(shared), Some(bound))
+        }
         Err(e) => {
             events.warn(&format!("no API: cannot serve on {}: {e}", socket.display()));
             (None, None)
@@ -300,6 +314,12 @@ async fn adopt_then_ready<O: Ops>(sup: &mut Supervisor<O>) {
             .warn(&format!("cannot sync the records of the first pass: {e}"));
     }
     let sync_ms = pass_began.elapsed().as_millis() - pass_ms;
+    if let Some(api) = &sup.api {
+        api.set_adoption(
+            running,
+            std::time::Duration::from_micros(u64::try_from(pass_us).unwrap_or(u64::MAX)),
+        );
+    }
     sup.events.emit(
         log::Level::Info,
         ADOPTED_MESSAGE_ID,
@@ -326,6 +346,7 @@ async fn pass<O: Ops>(sup: &mut Supervisor<O>) {
     let running = sup.pass(false).await;
     // A pass's listing of every unit is garbage now.
     release_free_memory();
+    write_textfile(sup);
     let left = sup.after_ready.len() + sup.fill.len();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "supervising {running} running workloads{}; last pass {} took {:.1} ms",
@@ -337,6 +358,15 @@ async fn pass<O: Ops>(sup: &mut Supervisor<O>) {
         rfc3339(sup.heartbeat),
         began.elapsed().as_secs_f64() * 1000.0
     ))]);
+}
+
+/// node_exporter's textfile, when one is asked for and due.
+fn write_textfile<O: Ops>(sup: &mut Supervisor<O>) {
+    if let (Some(textfile), Some(api)) = (&mut sup.textfile, &sup.api)
+        && let Some(e) = textfile.tick(api, std::time::Instant::now())
+    {
+        sup.events.warn(&e);
+    }
 }
 
 /// Pings the watchdog (`watchdog`: half its period, when it is on). In
@@ -379,6 +409,9 @@ fn leave<O: Ops>(sup: &mut Supervisor<O>, socket: Option<&api::Bound>, exit: Exi
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     if let Some(bound) = socket {
         api::stop(bound);
+    }
+    if let Some(textfile) = &sup.textfile {
+        textfile.remove();
     }
     exit
 }

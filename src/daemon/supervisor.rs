@@ -1,7 +1,7 @@
 //! The supervisor's state and its reactions: a pass over every workload,
 //! a signal about one, and recording what the classifier decided.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::classify::{self, Decision, SeenBy, Settled};
 use crate::api::health::{self, Health, HealthStatus};
+use crate::api::metrics::{Facts, Kind};
 use crate::api::{RecordJson, Shared, WorkloadView};
 use crate::config::{self, HostSettings, Loaded};
 use crate::events::Events;
@@ -27,9 +28,10 @@ pub(super) struct Supervisor<O: Ops> {
     pub(super) root: Root,
     /// The host settings: what `berth.toml` said at the last (re)load.
     pub(super) host: HostSettings,
-    /// The names of the configured workloads. Nothing else of their
-    /// definitions: 5000 of them held 2.5 MB the daemon never read.
-    configured: BTreeSet<String>,
+    /// The configured workloads and their kind (for the metrics).
+    /// Nothing else of their definitions: 5000 of them held 2.5 MB the
+    /// daemon never read.
+    configured: BTreeMap<String, Kind>,
     /// Which unit each workload is (`unit =` workloads name their own).
     units: names::WorkloadUnits,
     /// The object paths of those units, shared with the watcher.
@@ -78,6 +80,12 @@ pub(super) struct Supervisor<O: Ops> {
     /// Cluster mode: the agent on its own thread (keep-alives, taking,
     /// fencing), told to hand over for maintenance when the daemon leaves.
     pub(super) cluster: Option<crate::cluster::Agent>,
+    /// The last drain's and autostart's reports' mtime and size when
+    /// last read.
+    last_drain_stamp: Option<FileStamp>,
+    last_autostart_stamp: Option<FileStamp>,
+    /// `[daemon] metrics_textfile`, written after passes.
+    pub(super) textfile: Option<crate::api::metrics::textfile::Textfile>,
 }
 
 /// What the supervisor last saw of a workload.
@@ -107,7 +115,7 @@ impl<O: Ops> Supervisor<O> {
             sd,
             root,
             host: loaded.host.clone(),
-            configured: BTreeSet::new(),
+            configured: BTreeMap::new(),
             units: names::WorkloadUnits::default(),
             watched: WatchedPaths::default(),
             events,
@@ -124,6 +132,9 @@ impl<O: Ops> Supervisor<O> {
             syncing: false,
             ended: HashMap::new(),
             cluster: None,
+            last_drain_stamp: None,
+            last_autostart_stamp: None,
+            textfile: None,
         };
         sup.configure(loaded);
         sup
@@ -134,7 +145,14 @@ impl<O: Ops> Supervisor<O> {
         self.units = loaded.workload_units();
         self.share_watched(self.watched.clone());
         self.host = loaded.host;
-        self.configured = loaded.workloads.into_iter().map(|w| w.name).collect();
+        self.configured = loaded
+            .workloads
+            .into_iter()
+            .map(|w| {
+                let kind = Kind::of(&w.kind);
+                (w.name, kind)
+            })
+            .collect();
     }
 
     /// Keeps `watched` (the watcher's filter) holding the object paths of
@@ -148,10 +166,12 @@ impl<O: Ops> Supervisor<O> {
 
     /// One scan of every workload unit; returns how many run.
     pub(super) async fn pass(&mut self, first: bool) -> usize {
+        let began = std::time::Instant::now();
         // The freezes the API shows: a flag written by hand is seen within
         // one pass (the cluster agent tells its own changes at once).
-        if let Some(api) = &self.api {
+        if let Some(api) = self.api.clone() {
             api.set_freezes(crate::state::freeze::all(&self.root));
+            self.look_at_reports(&api);
         }
         let live = match self.sd.list_workloads(&self.units.existing_units()).await {
             Ok(live) => live,
@@ -175,7 +195,7 @@ impl<O: Ops> Supervisor<O> {
         }
         // A map, not a search of the listed per workload: that was
         // quadratic, 12.5 million comparisons a pass at 5000 workloads.
-        for name in &self.configured {
+        for name in self.configured.keys() {
             if !states.contains_key(name) {
                 states.insert(name.clone(), ActiveState::Inactive);
             }
@@ -234,8 +254,38 @@ impl<O: Ops> Supervisor<O> {
         }
         if let Some(api) = &self.api {
             api.passed(self.heartbeat, health);
+            api.observe_pass(began.elapsed());
         }
         running
+    }
+
+    /// Reads the last drain's and the last autostart's reports for the
+    /// metrics when they changed (a drain by hand while the daemon runs;
+    /// at boot, the shutdown's and the boot's): a stat each per pass.
+    fn look_at_reports(&mut self, api: &Shared) {
+        use crate::state::{autostart_report, drain_report};
+        if changed(&mut self.last_drain_stamp, &drain_report::path(&self.root)) {
+            match drain_report::read(&self.root) {
+                Ok((_, report)) => api.set_last_drain(Some(report)),
+                Err(drain_report::ReadError::Missing(_)) => api.set_last_drain(None),
+                Err(e) => {
+                    api.set_last_drain(None);
+                    self.events.warn(&format!("metrics: {e}"));
+                }
+            }
+        }
+        if changed(
+            &mut self.last_autostart_stamp,
+            &autostart_report::path(&self.root),
+        ) {
+            match autostart_report::read(&self.root) {
+                Ok(report) => api.set_last_autostart(report),
+                Err(e) => {
+                    api.set_last_autostart(None);
+                    self.events.warn(&format!("metrics: {e}"));
+                }
+            }
+        }
     }
 
     pub(super) async fn on_change(&mut self, change: Change) {
@@ -389,7 +439,7 @@ impl<O: Ops> Supervisor<O> {
     /// unconfigured, idle instance gets no record, no lock and no view.
     fn is_followed(&self, name: &str, active: &ActiveState) -> bool {
         names::is_valid_workload_name(name)
-            && (self.configured.contains(name)
+            && (self.configured.contains_key(name)
                 || active.is_up()
                 || records::record_path(&self.root, name).exists())
     }
@@ -628,6 +678,7 @@ impl<O: Ops> Supervisor<O> {
                     // sender for a while; a kill there lost the line).
                     let mut fields = vec![
                         ("BERTH_WORKLOAD", name.to_string()),
+                        ("BERTH_UNIT", unit.to_string()),
                         ("BERTH_TRANSITION", reason.to_string()),
                         ("BERTH_GENERATION", (r.transition_generation + 1).to_string()),
                         ("BERTH_DETECTED_BY", seen_by.as_str().to_string()),
@@ -638,6 +689,17 @@ impl<O: Ops> Supervisor<O> {
                     if let Some(id) = ended {
                         fields.push(("BERTH_ENDED_INVOCATION_ID", id));
                     }
+                    if now != Settled::Running {
+                        fields.push((
+                            "BERTH_EXIT_CAUSE",
+                            format!(
+                                "{} ({} {})",
+                                details.result,
+                                details.exec_main_code.as_str(),
+                                details.exec_main_status
+                            ),
+                        ));
+                    }
                     if let Some(n) = restarts.filter(|n| *n > 0) {
                         fields.push(("BERTH_RESTARTS", n.to_string()));
                     }
@@ -647,7 +709,7 @@ impl<O: Ops> Supervisor<O> {
                         } else {
                             log::Level::Info
                         },
-                        "",
+                        super::messages::transition_message_id(&reason).unwrap_or(""),
                         &fields,
                         &format!(
                             "{unit}: {reason} (result {}, seen by {})",
@@ -706,8 +768,15 @@ impl<O: Ops> Supervisor<O> {
                 main_pid,
                 invocation_id,
                 record: record.as_ref().and_then(RecordJson::of),
+                facts: Facts::of(self.kind_of(name), record.as_ref()),
             });
         }
+    }
+
+    /// A loaded unit of a workload no file defines is a command's
+    /// (`berth@NAME.service`).
+    fn kind_of(&self, name: &str) -> Kind {
+        self.configured.get(name).copied().unwrap_or(Kind::Command)
     }
 
     pub(super) fn health(&self) -> Health {
@@ -796,6 +865,7 @@ impl<O: Ops> Supervisor<O> {
             return;
         };
         let record = records::load(&self.root, &name).ok().flatten();
+        let facts = Facts::of(self.kind_of(&name), record.as_ref());
         api.publish(WorkloadView {
             name,
             unit,
@@ -803,8 +873,23 @@ impl<O: Ops> Supervisor<O> {
             main_pid: details.main_pid,
             invocation_id: details.invocation_id,
             record: record.as_ref().and_then(RecordJson::of),
+            facts,
         });
     }
+}
+
+/// A file's modification time and size: what tells a rewrite.
+type FileStamp = (Option<SystemTime>, u64);
+
+/// Whether the file at `path` is not the one `stamp` saw; `stamp` now
+/// holds what it is (None: not there).
+fn changed(stamp: &mut Option<FileStamp>, path: &std::path::Path) -> bool {
+    let now = std::fs::metadata(path).ok().map(|m| (m.modified().ok(), m.len()));
+    if now == *stamp {
+        return false;
+    }
+    *stamp = now;
+    true
 }
 
 /// fsync of each file, then of their directory.

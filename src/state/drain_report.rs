@@ -23,6 +23,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::GracefulOff,
+        Outcome::Saved,
+        Outcome::PoweredOff,
+        Outcome::AlreadyOff,
+        Outcome::ForcedOff,
+        Outcome::TimedOut,
+        Outcome::Failed,
+    ];
+
     /// The workload is known to be down after it: what its owner key (in
     /// cluster mode) may be released on.
     pub fn is_down(self) -> bool {

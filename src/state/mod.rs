@@ -4,6 +4,8 @@
 //!   and why), under the workload's lock.
 //! - [`freeze`]: node and instance freeze flags.
 //! - [`drain_report`]: the last drain's report (`last-drain.json`).
+//! - [`autostart_report`]: the last autostart's summary
+//!   (`last-autostart.json`).
 //! - [`runs`]: this run of the manager and the one before (`runs.json`).
 //! - [`manifest`]: what `berth install` did (`install.json`).
 //! - [`cluster`]: cluster mode's files: leases, fence deadline, rejoin
@@ -14,6 +16,7 @@
 //!   single-instance lock.
 
 pub mod atomic;
+pub mod autostart_report;
 pub mod cluster;
 pub mod drain_report;
 pub mod freeze;

@@ -5,6 +5,7 @@
 //! workload's lock ([`lock::workload`]), which the CLI, the helpers and the
 //! supervisor share.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::PathBuf;
@@ -106,6 +107,14 @@ pub struct Record {
     /// restarts, counted since systemd last reset it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<u32>,
+    /// Committed transitions by reason since the record was created:
+    /// counters that survive daemon restarts (berth's metrics serve them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub transitions: BTreeMap<String, u64>,
+    /// Ends with systemd's cause, by its Result (`exit-code`, `signal`,
+    /// `success`, …), as the supervisor recorded them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exits: BTreeMap<String, u64>,
 }
 
 impl Record {
@@ -199,6 +208,7 @@ pub fn update_locked(
     if change(&mut record) {
         record.transition_generation += 1;
         record.last_transition_at = rfc3339(SystemTime::now());
+        count_transition(&mut record, &before);
     }
     // Unchanged records are not rewritten: a supervisor pass over idle
     // workloads writes nothing.
@@ -206,6 +216,21 @@ pub fn update_locked(
         atomic::write_json(&path, &serde_json::to_vec_pretty(&record)?)?;
     }
     Ok(Updated { record, quarantined })
+}
+
+/// Adds a committed transition to the record's counters: its reason, and
+/// an end whose cause this transition recorded (a new `exit_cause`).
+fn count_transition(record: &mut Record, before: &Record) {
+    let reason = record.last_transition_reason.as_str().to_string();
+    *record.transitions.entry(reason).or_default() += 1;
+    if record.state != RecordState::Running
+        && let Some(cause) = record
+            .exit_cause
+            .as_ref()
+            .filter(|c| before.exit_cause.as_ref() != Some(*c))
+    {
+        *record.exits.entry(cause.result.clone()).or_default() += 1;
+    }
 }
 
 /// A record as written, and what happened to a corrupt one it replaced.
@@ -245,6 +270,71 @@ mod tests {
         let json = fs::read_to_string(record_path(&root, "web")).unwrap();
         assert!(json.contains(r#""state": "running""#), "{json}");
         assert!(json.contains(r#""last_transition_reason": "boot""#), "{json}");
+    }
+
+    /// The counters behind berth's metrics: one per committed
+    /// transition by reason, one per end whose cause it recorded; an
+    /// observation counts nothing, and a record written before they
+    /// existed reads as zeros.
+    #[test]
+    fn transitions_and_ends_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let killed = ExitCause {
+            result: "signal".into(),
+            code: "killed".into(),
+            status: 9,
+        };
+        let steps: Vec<(TransitionReason, RecordState, Option<ExitCause>, bool)> = vec![
+            (TransitionReason::Boot, RecordState::Running, None, true),
+            (
+                TransitionReason::UnexpectedExit,
+                RecordState::Failed,
+                Some(killed.clone()),
+                true,
+            ),
+            // Observed again, not a transition.
+            (
+                TransitionReason::UnexpectedExit,
+                RecordState::Failed,
+                Some(killed.clone()),
+                false,
+            ),
+            (TransitionReason::SystemdRestart, RecordState::Running, None, true),
+            (
+                TransitionReason::UnexpectedExit,
+                RecordState::Failed,
+                Some(killed.clone()),
+                true,
+            ),
+            // The drain's stop carries no cause of systemd's.
+            (TransitionReason::StartUser, RecordState::Running, None, true),
+            (TransitionReason::Drain, RecordState::Stopped, None, true),
+        ];
+        for (reason, state, cause, transition) in steps {
+            update(&root, "web", |r| {
+                r.last_transition_reason = reason;
+                r.state = state;
+                r.exit_cause = cause;
+                transition
+            })
+            .unwrap();
+        }
+        let r = load(&root, "web").unwrap().unwrap();
+        let counts = |m: &BTreeMap<String, u64>| m.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>();
+        assert_eq!(
+            counts(&r.transitions),
+            [
+                ("boot".to_string(), 1),
+                ("drain".to_string(), 1),
+                ("start-user".to_string(), 1),
+                ("systemd-restart".to_string(), 1),
+                ("unexpected-exit".to_string(), 2),
+            ]
+        );
+        assert_eq!(counts(&r.exits), [("signal".to_string(), 2)]);
+        let old: Record = serde_json::from_str(r#"{"name":"x","state":"running","transition_generation":3,"last_transition_reason":"boot","last_transition_at":""}"#).unwrap();
+        assert!(old.transitions.is_empty() && old.exits.is_empty());
     }
 
     #[test]

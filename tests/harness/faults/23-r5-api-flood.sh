@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # harness-job: class=heavy minutes=0.6
-# Issue 10, R5: 1000 concurrent API requests at a time, 100 slowloris
+# Issue 10, R5: 1000 concurrent API requests at a time (half of them
+# /metrics), 100 slowloris
 # clients and 200 idle event subscribers for 30 s, against a daemon with a
 # 1 s reconcile interval and a 3 s watchdog: its loop's pass age stays
 # under 2 x the interval, /healthz answers 200 through its reserved slots
@@ -21,6 +22,7 @@ python3 "$REPO/tests/harness/faults/r5-flood.py" "$sock" "/proc/$CT_PID/root/run
 sed 's/^/  | /' "$CT_DIR/r5.out" >&2
 r5() { python3 -c "import json,sys; print(json.load(open('$CT_DIR/r5.json'))[sys.argv[1]])" "$1" 2>/dev/null; }
 check "the flood was served and refused (some 200, some 503 or reset)" test "$(r5 flood_200)" -gt 0 -a "$(r5 flood_503)" -gt 0
+check "... /metrics among the requests served" test "$(r5 metrics_200)" -gt 0
 check "64 idle subscribers held, the 136 beyond the cap refused" test "$(r5 sse_open)" = 64 -a "$(r5 sse_refused)" = 136
 check "/healthz was sampled (>= 100 times)" test "$(r5 health_samples)" -ge 100
 check_eq "/healthz (from root) answered 200 every time" 0 "$(r5 health_not_200)"

@@ -9,7 +9,8 @@ come from root, as systemd's or a monitoring agent's would.
 
 For SECONDS, at once: 200 idle /v1/events subscribers that never read,
 100 slowloris clients (one header byte a second, reconnecting when
-dropped), and waves of 1000 concurrent /v1/workloads requests (each waits for room
+dropped), and waves of 1000 concurrent requests, half /v1/workloads,
+half /metrics (each waits for room
 in the listen queue, as a blocking connect would). Every 200 ms, from
 outside the flood: one /healthz request with a blocking connect (status,
 latency)
@@ -29,7 +30,7 @@ ROOT_SOCK = SOCK
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
 
-counts = {"flood_200": 0, "flood_503": 0, "flood_error": 0, "sse_open": 0, "sse_refused": 0, "slowloris_dropped": 0}
+counts = {"metrics_200": 0, "flood_200": 0, "flood_503": 0, "flood_error": 0, "sse_open": 0, "sse_refused": 0, "slowloris_dropped": 0}
 health = []  # (status, ms)
 errors = {}  # what failed, how often
 ages = []  # ms
@@ -62,10 +63,12 @@ async def request(path, timeout=10.0):
 
 
 async def flood(stop):
-    async def one():
+    async def one(path):
         try:
-            code = await request("/v1/workloads")
+            code = await request(path)
             counts["flood_200" if code == 200 else "flood_503" if code == 503 else "flood_error"] += 1
+            if code == 200 and path == "/metrics":
+                counts["metrics_200"] += 1
         except ConnectionResetError:
             # Over the cap: the 503 is written without reading the request,
             # and the close can reach the client before it has read it.
@@ -75,7 +78,8 @@ async def flood(stop):
             errors[type(e).__name__ + ": " + str(e)[:60]] = errors.get(type(e).__name__ + ": " + str(e)[:60], 0) + 1
 
     while time.monotonic() < stop:
-        await asyncio.gather(*(one() for _ in range(1000)))
+        # Half of each wave scrapes /metrics, which renders every series.
+        await asyncio.gather(*(one("/metrics" if i % 2 else "/v1/workloads") for i in range(1000)))
 
 
 async def sse(keep):

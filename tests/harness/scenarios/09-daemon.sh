@@ -36,6 +36,11 @@ check_eq "generation +1" "$((gen + 1))" "$(field a "r['transition_generation']")
 check_eq "the cause is systemd's: result signal, killed by 9" "signal killed 9" \
     "$(field a "' '.join([r['exit_cause']['result'], r['exit_cause']['code'], str(r['exit_cause']['status'])])")"
 check_eq "seen by the signal, not a pass" "signal" "$(field a "r['detected_by']")"
+journal_x=$(ct journalctl -x --no-pager -o short MESSAGE_ID=9b3474cb1bb844ec83bb712552acdadb BERTH_WORKLOAD=a 2>&1)
+check_contains "the journal has it under unexpected-exit's MESSAGE_ID" "berth@a.service: unexpected-exit" "$journal_x"
+check_contains "... and journalctl -x explains it from berth's catalog" "Workload a exited unexpectedly" "$journal_x"
+check_contains "... with the exit cause as a field" "signal (killed 9)" \
+    "$(ct journalctl --no-pager -o verbose MESSAGE_ID=9b3474cb1bb844ec83bb712552acdadb BERTH_WORKLOAD=a 2>&1)"
 
 # 4. Starts and stops by others.
 ct systemctl start berth@a.service
