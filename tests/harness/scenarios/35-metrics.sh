@@ -47,6 +47,10 @@ check_contains "OpenMetrics when asked" "application/openmetrics-text; version=1
 check_eq "... ending in # EOF" "# EOF" "$(printf '%s\n' "$om" | tail -n 1)"
 check_eq "nothing else over TCP: the API's paths are 404" 404 "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/v1/workloads")"
 check_eq "... and POST is 405" 405 "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$url/metrics")"
+# The autostart writes its report as it ends; a pass (every second here)
+# reads it.
+check "... and the last autostart's report: two started" wait_for 10 sh -c \
+    "curl -s --max-time 2 '$url/metrics' | grep -qF 'berth_autostart_last_workloads{action=\"started\"} 2'"
 families() { grep '^# TYPE ' | sort; }
 check_eq "the socket's /metrics has the same families" "$(curl -s --max-time 5 "$url/metrics" | families)" \
     "$(curl -s --max-time 5 --unix-socket "/proc/$CT_PID/root/run/berthd/api.sock" http://berth/metrics | families)"
