@@ -26,8 +26,8 @@ trap 'ct_cleanup; harness_restore_tasks' EXIT
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 count_running() { ct sh -c 'grep -lE "\"state\": ?\"running\"" /var/lib/berth/records/*.json 2>/dev/null | wc -l'; }
 # The daemon's CPU so far, ns, every thread; and one thread's by name.
-cpu_ns() { ct sh -c "cat /proc/$1/task/*/schedstat" | awk '{ s += $1 } END { printf "%d", s }'; }
-thread_ns() { ct sh -c "for t in /proc/$1/task/*; do [ \"\$(cat \$t/comm)\" = '$2' ] && cat \$t/schedstat; done" | awk '{ s += $1 } END { printf "%d", s }'; }
+cpu_ns() { ct sh -c "cat /proc/$1/task/*/schedstat" | awk '{ s += $1 } END { printf "%.0f", s }'; }
+thread_ns() { ct sh -c "for t in /proc/$1/task/*; do [ \"\$(cat \$t/comm)\" = '$2' ] && cat \$t/schedstat; done" | awk '{ s += $1 } END { printf "%.0f", s }'; }
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 for n in $SIZES; do

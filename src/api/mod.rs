@@ -185,7 +185,9 @@ pub struct HealthReport {
 
 /// What the supervisor shares with the API.
 pub struct Shared {
-    workloads: Mutex<BTreeMap<String, WorkloadView>>,
+    /// Shared views: a snapshot (every request of /v1/workloads and
+    /// /metrics) copies 5000 pointers, not 5000 views and their records.
+    workloads: Mutex<BTreeMap<String, Arc<WorkloadView>>>,
     heartbeat: Mutex<Option<SystemTime>>,
     systemd_ok: Mutex<bool>,
     events: broadcast::Sender<Event>,
@@ -335,12 +337,12 @@ impl Shared {
     }
 
     /// Every workload's view, in name order.
-    pub fn snapshot(&self) -> Vec<WorkloadView> {
+    pub fn snapshot(&self) -> Vec<Arc<WorkloadView>> {
         lock(&self.workloads).values().cloned().collect()
     }
 
     /// One workload's view, if published.
-    pub fn view(&self, name: &str) -> Option<WorkloadView> {
+    pub fn view(&self, name: &str) -> Option<Arc<WorkloadView>> {
         lock(&self.workloads).get(name).cloned()
     }
 
@@ -348,11 +350,11 @@ impl Shared {
     pub fn publish(&self, view: WorkloadView) {
         let mut all = lock(&self.workloads);
         let kind = match all.get(&view.name) {
-            Some(old) if *old == view => return,
+            Some(old) if **old == view => return,
             Some(_) => EventKind::Modified,
             None => EventKind::Added,
         };
-        all.insert(view.name.clone(), view.clone());
+        all.insert(view.name.clone(), Arc::new(view.clone()));
         drop(all);
         let _ = self.events.send(Event::Workload(kind, view));
     }
@@ -360,6 +362,7 @@ impl Shared {
     pub fn remove(&self, name: &str) {
         let removed = lock(&self.workloads).remove(name);
         if let Some(view) = removed {
+            let view = Arc::unwrap_or_clone(view);
             let _ = self.events.send(Event::Workload(EventKind::Deleted, view));
         }
     }

@@ -41,7 +41,7 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
             let views = shared
                 .snapshot()
                 .iter()
-                .map(|v| with_frozen(to_json(v), &v.name, &freezes))
+                .map(|v| with_frozen(to_json(v.as_ref()), &v.name, &freezes))
                 .collect();
             Reply::Json(StatusCode::OK, Value::Array(views))
         }
@@ -75,7 +75,7 @@ pub(super) fn route(method: &Method, path: &str, shared: &Shared, now: SystemTim
         {
             Some((name, Some(view))) => Reply::Json(
                 StatusCode::OK,
-                with_frozen(to_json(&view), name, &shared.freezes()),
+                with_frozen(to_json(view.as_ref()), name, &shared.freezes()),
             ),
             Some((name, None)) => Reply::Json(
                 StatusCode::NOT_FOUND,

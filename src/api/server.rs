@@ -552,7 +552,9 @@ async fn put(tx: &mpsc::Sender<Bytes>, frame: Bytes) -> Result<(), ()> {
 }
 
 fn sync_frame(shared: &Shared) -> Bytes {
-    let data = serde_json::to_string(&shared.snapshot()).unwrap_or_else(|_| "[]".into());
+    let views = shared.snapshot();
+    let views: Vec<&crate::api::WorkloadView> = views.iter().map(AsRef::as_ref).collect();
+    let data = serde_json::to_string(&views).unwrap_or_else(|_| "[]".into());
     Bytes::from(format!("event: sync\ndata: {data}\n\n"))
 }
 

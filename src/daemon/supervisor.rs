@@ -759,7 +759,7 @@ impl<O: Ops> Supervisor<O> {
                 && let Some(old) = api.view(name)
                 && old.active_state == details.active_state
             {
-                (main_pid, invocation_id) = (old.main_pid, old.invocation_id);
+                (main_pid, invocation_id) = (old.main_pid, old.invocation_id.clone());
             }
             api.publish(WorkloadView {
                 name: name.to_string(),

@@ -160,10 +160,6 @@ pub static ETCD_FAILURES: FailureCounts = FailureCounts([
     AtomicU64::new(0),
 ]);
 
-fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Vec<(&'static str, String)> {
-    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
-}
-
 fn flag(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }
 }
@@ -172,7 +168,7 @@ fn flag(b: bool) -> f64 {
 pub fn families(shared: &Shared, now: SystemTime) -> Vec<Family> {
     let mut out = vec![
         Family::new("berth_build", Type::Info, "The berth that serves these metrics.")
-            .with(labels([("version", env!("CARGO_PKG_VERSION"))]), 1.0),
+            .with(&[("version", env!("CARGO_PKG_VERSION"))], 1.0),
     ];
     workloads(shared, &mut out);
     daemon(shared, now, &mut out);
@@ -228,28 +224,22 @@ fn workloads(shared: &Shared, out: &mut Vec<Family>) {
         let name = view.name.as_str();
         let kind = view.facts.kind.as_str();
         let is_up = matches!(view.active_state, ActiveState::Active | ActiveState::Reloading);
-        up.add(labels([("workload", name), ("kind", kind)]), flag(is_up));
-        state.add(
-            labels([("workload", name), ("state", view.active_state.as_str())]),
-            1.0,
-        );
+        up.add(&[("workload", name), ("kind", kind)], flag(is_up));
+        state.add(&[("workload", name), ("state", view.active_state.as_str())], 1.0);
         if let Some(f) = freezes.of(name) {
-            frozen.add(labels([("workload", name), ("scope", f.scope.as_str())]), 1.0);
+            frozen.add(&[("workload", name), ("scope", f.scope.as_str())], 1.0);
         }
         for (reason, n) in &view.facts.transitions {
-            transitions.add(labels([("workload", name), ("reason", reason)]), *n as f64);
+            transitions.add(&[("workload", name), ("reason", reason)], *n as f64);
         }
         for (result, n) in &view.facts.exits {
-            exits.add(labels([("workload", name), ("result", result)]), *n as f64);
+            exits.add(&[("workload", name), ("result", result)], *n as f64);
         }
         if let Some(n) = view.facts.restarts {
-            restarts.add(labels([("workload", name)]), f64::from(n));
+            restarts.add(&[("workload", name)], f64::from(n));
         }
         if let Some(t) = view.facts.last_transition_s {
-            last.add(
-                labels([("workload", name), ("reason", &view.facts.last_reason)]),
-                t,
-            );
+            last.add(&[("workload", name), ("reason", &view.facts.last_reason)], t);
         }
     }
     out.push(
@@ -258,7 +248,7 @@ fn workloads(shared: &Shared, out: &mut Vec<Family>) {
             Type::Gauge,
             "Workloads the supervisor follows.",
         )
-        .with(vec![], views.len() as f64),
+        .with(&[], views.len() as f64),
     );
     out.push(
         Family::new(
@@ -266,7 +256,7 @@ fn workloads(shared: &Shared, out: &mut Vec<Family>) {
             Type::Gauge,
             "1 while the node is frozen (a flag or berth.freeze).",
         )
-        .with(vec![], flag(freezes.node.is_some())),
+        .with(&[], flag(freezes.node.is_some())),
     );
     out.extend([up, state, frozen, transitions, exits, restarts, last]);
 }
@@ -281,7 +271,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             Type::Gauge,
             "1 while /healthz says healthy, 0 when degraded or unhealthy.",
         )
-        .with(vec![], flag(health.status == Verdict::Healthy)),
+        .with(&[], flag(health.status == Verdict::Healthy)),
     );
     out.push(
         Family::new(
@@ -289,7 +279,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             Type::Gauge,
             "Workloads the last pass could not converge (busy lock, no answer from systemd).",
         )
-        .with(vec![], health.unconverged_workloads.len() as f64),
+        .with(&[], health.unconverged_workloads.len() as f64),
     );
     out.push(
         Family::new(
@@ -297,7 +287,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             Type::Gauge,
             "Workloads whose unit is failed.",
         )
-        .with(vec![], health.failed_workloads.len() as f64),
+        .with(&[], health.failed_workloads.len() as f64),
     );
     if let Some((running, took)) = shared.adoption() {
         out.push(
@@ -306,7 +296,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
                 Type::Gauge,
                 "Workloads the daemon found running and adopted at its start.",
             )
-            .with(vec![], running as f64),
+            .with(&[], running as f64),
         );
         out.push(
             Family::new(
@@ -314,7 +304,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
                 Type::Gauge,
                 "How long the daemon's first pass (its adoption) took.",
             )
-            .with(vec![], took.as_secs_f64()),
+            .with(&[], took.as_secs_f64()),
         );
     }
     if let Some(age) = health.last_pass_age_ms {
@@ -324,7 +314,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
                 Type::Gauge,
                 "Seconds since the supervisor's last pass completed.",
             )
-            .with(vec![], age as f64 / 1000.0),
+            .with(&[], age as f64 / 1000.0),
         );
     }
     out.push(shared.passes().family(
@@ -337,9 +327,9 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             Type::Counter,
             "Connections accepted, by listener (unix: the API socket; tcp: metrics_listen) and slot (full, or one kept for /healthz).",
         )
-        .with(labels([("listener", "unix"), ("slot", "full")]), counter(&stats.connections))
-        .with(labels([("listener", "unix"), ("slot", "healthz")]), counter(&stats.health_only))
-        .with(labels([("listener", "tcp"), ("slot", "full")]), counter(&stats.tcp_connections)),
+        .with(&[("listener", "unix"), ("slot", "full")], counter(&stats.connections))
+        .with(&[("listener", "unix"), ("slot", "healthz")], counter(&stats.health_only))
+        .with(&[("listener", "tcp"), ("slot", "full")], counter(&stats.tcp_connections)),
     );
     out.push(
         Family::new(
@@ -348,15 +338,15 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             "Connections and event streams refused at the limits, by listener.",
         )
         .with(
-            labels([("listener", "unix"), ("what", "connection")]),
+            &[("listener", "unix"), ("what", "connection")],
             counter(&stats.refused),
         )
         .with(
-            labels([("listener", "unix"), ("what", "event-stream")]),
+            &[("listener", "unix"), ("what", "event-stream")],
             counter(&stats.streams_refused),
         )
         .with(
-            labels([("listener", "tcp"), ("what", "connection")]),
+            &[("listener", "tcp"), ("what", "connection")],
             counter(&stats.tcp_refused),
         ),
     );
@@ -366,7 +356,7 @@ fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
             Type::Counter,
             "GET requests of /metrics, on the socket or over TCP, this one included.",
         )
-        .with(vec![], counter(&stats.scrapes)),
+        .with(&[], counter(&stats.scrapes)),
     );
 }
 
@@ -378,7 +368,7 @@ fn autostart(report: &crate::state::autostart_report::Report, out: &mut Vec<Fami
                 Type::Gauge,
                 "When the last autostart (berth-autostart.service) began.",
             )
-            .with(vec![], t),
+            .with(&[], t),
         );
     }
     out.push(
@@ -387,7 +377,7 @@ fn autostart(report: &crate::state::autostart_report::Report, out: &mut Vec<Fami
             Type::Gauge,
             "How long the last autostart took.",
         )
-        .with(vec![], report.elapsed_ms as f64 / 1000.0),
+        .with(&[], report.elapsed_ms as f64 / 1000.0),
     );
     out.push(
         Family::new(
@@ -395,10 +385,10 @@ fn autostart(report: &crate::state::autostart_report::Report, out: &mut Vec<Fami
             Type::Gauge,
             "What the last autostart did, by action: started, failed, skipped (frozen, not to start), adopted (found running).",
         )
-        .with(labels([("action", "started")]), report.started as f64)
-        .with(labels([("action", "failed")]), report.failed as f64)
-        .with(labels([("action", "skipped")]), report.skipped as f64)
-        .with(labels([("action", "adopted")]), report.adopted as f64),
+        .with(&[("action", "started")], report.started as f64)
+        .with(&[("action", "failed")], report.failed as f64)
+        .with(&[("action", "skipped")], report.skipped as f64)
+        .with(&[("action", "adopted")], report.adopted as f64),
     );
     out.push(
         Family::new(
@@ -406,7 +396,7 @@ fn autostart(report: &crate::state::autostart_report::Report, out: &mut Vec<Fami
             Type::Gauge,
             "1 when the last autostart started nothing because the node was frozen.",
         )
-        .with(vec![], flag(report.node_frozen.is_some())),
+        .with(&[], flag(report.node_frozen.is_some())),
     );
 }
 
@@ -419,7 +409,7 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
                 Type::Gauge,
                 "When the last drain began.",
             )
-            .with(vec![], t),
+            .with(&[], t),
         );
     }
     out.push(
@@ -428,7 +418,7 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
             Type::Gauge,
             "How long the last drain took.",
         )
-        .with(vec![], report.elapsed_ms as f64 / 1000.0),
+        .with(&[], report.elapsed_ms as f64 / 1000.0),
     );
     out.push(
         Family::new(
@@ -436,7 +426,7 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
             Type::Gauge,
             "The last drain's overall deadline.",
         )
-        .with(vec![], report.deadline_s as f64),
+        .with(&[], report.deadline_s as f64),
     );
     out.push(
         Family::new(
@@ -444,7 +434,7 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
             Type::Gauge,
             "1 when the last drain hit its deadline with workloads still up.",
         )
-        .with(vec![], flag(report.deadline_reached)),
+        .with(&[], flag(report.deadline_reached)),
     );
     let counts = report.counts();
     let mut by_outcome = Family::new(
@@ -454,7 +444,7 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
     );
     for outcome in Outcome::ALL {
         by_outcome.add(
-            labels([("outcome", outcome.as_str())]),
+            &[("outcome", outcome.as_str())],
             counts.get(&outcome).copied().unwrap_or(0) as f64,
         );
     }
@@ -470,11 +460,8 @@ fn drain(report: &Report, out: &mut Vec<Family>) {
         "How long each workload's stop took in the last drain.",
     );
     for w in &report.workloads {
-        each.add(
-            labels([("workload", &w.workload), ("outcome", w.outcome.as_str())]),
-            1.0,
-        );
-        elapsed.add(labels([("workload", &w.workload)]), w.elapsed_ms as f64 / 1000.0);
+        each.add(&[("workload", &w.workload), ("outcome", w.outcome.as_str())], 1.0);
+        elapsed.add(&[("workload", &w.workload)], w.elapsed_ms as f64 / 1000.0);
     }
     out.extend([each, elapsed]);
 }
@@ -493,10 +480,7 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
             Type::Gauge,
             "1 when the last gathering of the cluster view from etcd succeeded.",
         )
-        .with(
-            vec![],
-            flag(view.as_ref().is_some_and(|v| v.get("error").is_none())),
-        ),
+        .with(&[], flag(view.as_ref().is_some_and(|v| v.get("error").is_none()))),
     );
     let mut failures = Family::new(
         "berth_cluster_etcd_failures",
@@ -504,7 +488,7 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
         "etcd calls of this daemon that failed, by kind: error (refused, or an error answer), timeout (no answer in time), local (a local file), too-many (a listing over its limit).",
     );
     for kind in FailureCounts::KINDS {
-        failures.add(labels([("kind", kind)]), ETCD_FAILURES.get(kind) as f64);
+        failures.add(&[("kind", kind)], ETCD_FAILURES.get(kind) as f64);
     }
     out.push(failures);
     let Some(view) = view else { return };
@@ -515,7 +499,7 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
                 Type::Gauge,
                 "Seconds left before this node fences its HA workloads unless its lease is renewed (negative: passed).",
             )
-            .with(vec![], ms as f64 / 1000.0),
+            .with(&[], ms as f64 / 1000.0),
         );
     }
     let mut peers = Family::new(
@@ -533,15 +517,15 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
         let state = p.get("state").and_then(|v| v.as_str()).unwrap_or("unreadable");
         let member = p.get("member").and_then(|v| v.as_bool()).unwrap_or(false);
         peers.add(
-            labels([
+            &[
                 ("node", node),
                 ("state", state),
                 ("member", if member { "true" } else { "false" }),
-            ]),
+            ],
             1.0,
         );
         if let Some(s) = p.get("lease_remaining_s").and_then(|v| v.as_i64()) {
-            remaining.add(labels([("node", node)]), s as f64);
+            remaining.add(&[("node", node)], s as f64);
         }
     }
     // Every HA workload some peer announces, and every owned one.
@@ -575,9 +559,9 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
         "The node an HA workload's owner key names, as a label; always 1.",
     );
     for (workload, node) in &ha {
-        owned.add(labels([("workload", workload)]), flag(node.is_some()));
+        owned.add(&[("workload", workload)], flag(node.is_some()));
         if let Some(node) = node {
-            owner.add(labels([("workload", workload), ("node", node)]), 1.0);
+            owner.add(&[("workload", workload), ("node", node)], 1.0);
         }
     }
     out.extend([peers, remaining, owned, owner]);
