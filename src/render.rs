@@ -719,6 +719,12 @@ mod tests {
             any.contains("IPAddressDeny=\n") && !any.contains("IPAddressAllow"),
             "{any}"
         );
+        // A % in the directory is no specifier for systemd.
+        let percent = daemon("[daemon]\nmetrics_textfile = \"/var/lib/prom%h\"\n");
+        assert!(
+            percent.contains("ReadWritePaths=\"-/var/lib/prom%%h\"\n"),
+            "{percent}"
+        );
         let off = daemon("[daemon]\napi = false\nmetrics_listen = 9750\n");
         assert!(!off.contains("PrivateNetwork"), "no API, no listener: {off}");
     }

@@ -702,6 +702,11 @@ mod tests {
             );
         }
         assert_eq!(check("").unwrap().daemon.metrics_listen, None);
+        // A huge value is refused with its size, not carried to the unit.
+        let m = messages(&format!("[daemon]\nmetrics_textfile = \"/{}\"", "x".repeat(5000)));
+        assert!(m.len() == 1 && m[0].contains("at most 4000"), "{m:?}");
+        let m = messages(&format!("[daemon]\nmetrics_listen = \"{}\"", "9".repeat(5000)));
+        assert!(m.len() == 1 && m[0].contains("daemon.metrics_listen"), "{m:?}");
     }
 
     #[test]
