@@ -211,6 +211,8 @@ pub struct Shared {
     adoption: Mutex<Option<(usize, Duration)>>,
     /// The daemon's and the server's own counters, for `/metrics`.
     pub stats: metrics::Stats,
+    /// The cluster agent's own counters and lease, for `/metrics`.
+    pub agent: metrics::AgentStats,
 }
 
 const EVENT_BUFFER: usize = 256;
@@ -240,6 +242,7 @@ impl Shared {
             last_autostart: Mutex::new(None),
             adoption: Mutex::new(None),
             stats: metrics::Stats::default(),
+            agent: metrics::AgentStats::default(),
         })
     }
 

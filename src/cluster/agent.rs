@@ -65,8 +65,11 @@ pub fn start_agent(
         &loaded.workloads,
         Events::new("berth-daemon"),
     );
-    node.api = api;
     let state = node.lease.clone();
+    if let Some(api) = &api {
+        let _ = api.agent.lease.set(state.clone());
+    }
+    node.api = api;
     // A deadline a previous daemon of this boot saw holds until this one
     // joins: the fence keeps it.
     if let Some(d) = super::fence::read_deadline(&root.runtime_dir()) {

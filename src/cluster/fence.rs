@@ -25,6 +25,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn};
 use super::keys;
 use super::node::Node;
 use super::session::{self, boottime};
+use crate::api::metrics::FenceCause;
 use crate::config::Workload;
 use crate::events::Events;
 use crate::paths::Root;
@@ -137,7 +138,11 @@ pub async fn run<O: Ops + 'static>(node: &Node, ops: Rc<O>) {
             Step::Fence => {
                 let quiet = last_fence.is_some();
                 last_fence = Some(now);
-                fenced.extend(fence_now(sd, &node.root, &node.workloads, &node.events, quiet).await);
+                let stopped = fence_now(sd, &node.root, &node.workloads, &node.events, quiet).await;
+                if let Some(api) = &node.api {
+                    api.agent.fenced(FenceCause::Deadline, stopped.len());
+                }
+                fenced.extend(stopped);
             }
             Step::Lift if now.saturating_sub(last_lift) >= Duration::from_secs(1) => {
                 last_lift = now;
@@ -199,7 +204,10 @@ async fn settle<O: Ops>(sd: &O, node: &Node, client: &mut Option<Client>, lease:
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        fence_now(sd, &node.root, &strays, &node.events, true).await;
+        let stopped = fence_now(sd, &node.root, &strays, &node.events, true).await;
+        if let Some(api) = &node.api {
+            api.agent.fenced(FenceCause::NewLease, stopped.len());
+        }
     }
     true
 }

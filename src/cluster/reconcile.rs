@@ -246,6 +246,14 @@ impl Reconciler {
             return;
         };
         let t = answered(t, ok, boottime());
+        if let Some(api) = &node.api {
+            let counter = if ok {
+                &api.agent.starts_done
+            } else {
+                &api.agent.starts_failed
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if ok {
             remember_ran(node, &name, revision);
         } else {
@@ -324,11 +332,31 @@ impl Reconciler {
                             describe(owner, live)
                         ));
                         tokio::task::spawn_local(units.fence(w));
+                        if let Some(api) = &node.api {
+                            api.agent.fenced(crate::api::metrics::FenceCause::NotOwner, 1);
+                        }
                     }
                 }
             }
             self.tracks.insert(w.name.clone(), next);
         }
+        self.publish(node, view);
+    }
+
+    /// The workloads owned here that have not run in this ownership, with
+    /// the starts tried, for the metrics.
+    fn publish(&self, node: &Node, view: &View) {
+        let Some(api) = &node.api else { return };
+        let live = node.lease.lease_id();
+        let pending = self
+            .tracks
+            .iter()
+            .filter(|(name, t)| {
+                !t.ran && Key::of(view.owners.get(name.as_str()), &node.name, live) == Key::Mine
+            })
+            .map(|(name, t)| (name.clone(), t.attempts))
+            .collect();
+        api.agent.set_pending(pending);
     }
 }
 

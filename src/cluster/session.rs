@@ -275,6 +275,17 @@ impl LeaseState {
     }
 }
 
+impl crate::api::metrics::LeaseProbe for LeaseState {
+    fn fence_deadline_in_s(&self) -> Option<f64> {
+        self.deadline()
+            .map(|d| d.as_secs_f64() - boottime().as_secs_f64())
+    }
+
+    fn joined(&self) -> bool {
+        self.lease_id() != 0 && self.ahead()
+    }
+}
+
 /// Where the keep-alive puts what it learns.
 pub trait DeadlineSink: Send + Sync {
     /// The loop ran at `now` (CLOCK_BOOTTIME).

@@ -497,6 +497,11 @@ async fn take_due(
                     "cluster: took {} (owner key on lease {lease:x} at revision {revision}, stop bound {} s)",
                     local.name, local.stop_bound_s
                 ));
+                if let Some(api) = &node.api {
+                    api.agent
+                        .takeovers
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 took = true;
             }
             // Someone else's key came first: the watch brings it.

@@ -8,7 +8,9 @@
 pub mod exposition;
 pub mod textfile;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 use exposition::{Family, Histogram, Type};
@@ -149,6 +151,82 @@ impl FailureCounts {
             .iter()
             .position(|k| *k == kind)
             .map_or(0, |i| self.0[i].load(Ordering::Relaxed))
+    }
+}
+
+/// What the cluster agent's lease state tells the metrics (the agent's
+/// own type answers: the API knows nothing of the cluster's).
+pub trait LeaseProbe: Send + Sync {
+    /// Seconds left before the fence deadline (negative: passed); None
+    /// before the first one of this boot.
+    fn fence_deadline_in_s(&self) -> Option<f64>;
+    /// Whether the node holds a live lease whose deadline is ahead.
+    fn joined(&self) -> bool;
+}
+
+/// Why the agent stopped an HA workload of this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceCause {
+    /// The lease deadline passed with no keep-alive acknowledged.
+    Deadline,
+    /// The reconciliation found it running while its owner key is
+    /// absent, another node's, or on another lease of this node.
+    NotOwner,
+    /// A new live lease found it running without its key on that lease.
+    NewLease,
+}
+
+impl FenceCause {
+    pub const ALL: [FenceCause; 3] = [FenceCause::Deadline, FenceCause::NotOwner, FenceCause::NewLease];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceCause::Deadline => "deadline",
+            FenceCause::NotOwner => "not-owner",
+            FenceCause::NewLease => "new-lease",
+        }
+    }
+}
+
+/// The cluster agent's own work, counted where it happens (its thread
+/// writes, a scrape reads).
+#[derive(Default)]
+pub struct AgentStats {
+    /// The agent's lease, once it runs.
+    pub lease: OnceLock<Arc<dyn LeaseProbe>>,
+    /// Owner keys this node created (it took an unowned workload).
+    pub takeovers: AtomicU64,
+    /// Workloads stopped by this daemon's fences, by [`FenceCause`].
+    fenced: [AtomicU64; 3],
+    /// Starts of owned workloads the reconciliation tried, by answer.
+    pub starts_done: AtomicU64,
+    pub starts_failed: AtomicU64,
+    /// Owned here and not run in this ownership: starts tried so far.
+    pending: Mutex<Arc<BTreeMap<String, u32>>>,
+}
+
+impl AgentStats {
+    pub fn fenced(&self, cause: FenceCause, workloads: usize) {
+        self.fenced[cause as usize].fetch_add(workloads as u64, Ordering::Relaxed);
+    }
+
+    pub fn fenced_count(&self, cause: FenceCause) -> u64 {
+        self.fenced[cause as usize].load(Ordering::Relaxed)
+    }
+
+    /// The reconciliation's workloads waiting to run, replaced whole.
+    pub fn set_pending(&self, pending: BTreeMap<String, u32>) {
+        let mut slot = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if **slot != pending {
+            *slot = Arc::new(pending);
+        }
+    }
+
+    pub fn pending(&self) -> Arc<BTreeMap<String, u32>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -491,17 +569,29 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
         failures.add(&[("kind", kind)], ETCD_FAILURES.get(kind) as f64);
     }
     out.push(failures);
+    agent(&shared.agent, out);
     let Some(view) = view else { return };
-    if let Some(ms) = view.get("fence_deadline_in_ms").and_then(|v| v.as_i64()) {
-        out.push(
-            Family::new(
-                "berth_cluster_fence_deadline_seconds",
-                Type::Gauge,
-                "Seconds left before this node fences its HA workloads unless its lease is renewed (negative: passed).",
-            )
-            .with(&[], ms as f64 / 1000.0),
-        );
-    }
+    let me = view.get("node").and_then(|v| v.as_str()).unwrap_or("");
+    let mine = view
+        .get("peers")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .find(|p| p.get("node").and_then(|v| v.as_str()) == Some(me));
+    out.push(
+        Family::new(
+            "berth_cluster_node_state",
+            Type::Gauge,
+            "This node's state as its node key says it (up, maintenance, shutting-down, drained; absent: none), as a label; always 1.",
+        )
+        .with(
+            &[(
+                "state",
+                mine.and_then(|p| p.get("state")).and_then(|v| v.as_str()).unwrap_or("absent"),
+            )],
+            1.0,
+        ),
+    );
     let mut peers = Family::new(
         "berth_cluster_peer_state",
         Type::Gauge,
@@ -565,6 +655,66 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
         }
     }
     out.extend([peers, remaining, owned, owner]);
+}
+
+/// What the agent itself counted and holds: live, not gathered.
+fn agent(stats: &AgentStats, out: &mut Vec<Family>) {
+    let counter = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    if let Some(lease) = stats.lease.get() {
+        out.push(
+            Family::new(
+                "berth_cluster_joined",
+                Type::Gauge,
+                "1 while this node holds a live lease whose fence deadline is ahead.",
+            )
+            .with(&[], flag(lease.joined())),
+        );
+        if let Some(s) = lease.fence_deadline_in_s() {
+            out.push(
+                Family::new(
+                    "berth_cluster_fence_deadline_seconds",
+                    Type::Gauge,
+                    "Seconds left before this node fences its HA workloads unless its lease is renewed (negative: passed).",
+                )
+                .with(&[], s),
+            );
+        }
+    }
+    out.push(
+        Family::new(
+            "berth_cluster_takeovers",
+            Type::Counter,
+            "Owner keys this daemon created: HA workloads it took while nobody owned them.",
+        )
+        .with(&[], counter(&stats.takeovers)),
+    );
+    let mut fenced = Family::new(
+        "berth_cluster_fenced_workloads",
+        Type::Counter,
+        "HA workloads this daemon's fences stopped, by cause: deadline (the lease deadline passed), not-owner (running while its owner key is not this node's live one), new-lease (running without its key on a new lease).",
+    );
+    for cause in FenceCause::ALL {
+        fenced.add(&[("cause", cause.as_str())], stats.fenced_count(cause) as f64);
+    }
+    out.push(fenced);
+    out.push(
+        Family::new(
+            "berth_cluster_reconcile_starts",
+            Type::Counter,
+            "Starts of HA workloads owned here that the reconciliation tried, by whether the start job ended done.",
+        )
+        .with(&[("result", "done")], counter(&stats.starts_done))
+        .with(&[("result", "failed")], counter(&stats.starts_failed)),
+    );
+    let mut pending = Family::new(
+        "berth_cluster_reconcile_attempts",
+        Type::Gauge,
+        "Per HA workload owned here that has not run in this ownership: the starts tried so far (they wait a doubling backoff).",
+    );
+    for (workload, n) in stats.pending().iter() {
+        pending.add(&[("workload", workload)], f64::from(*n));
+    }
+    out.push(pending);
 }
 
 #[cfg(test)]
@@ -730,7 +880,7 @@ mod tests {
         let text = text(&shared);
         for line in [
             "berth_cluster_view_ok 1",
-            "berth_cluster_fence_deadline_seconds 12.5",
+            "berth_cluster_node_state{state=\"up\"} 1",
             "berth_cluster_peer_state{node=\"n1\",state=\"up\",member=\"true\"} 1",
             "berth_cluster_peer_state{node=\"evil\\\"}\\nberth_x 1\",state=\"absent\",member=\"true\"} 1",
             "berth_cluster_peer_lease_remaining_seconds{node=\"n1\"} 9",
@@ -742,9 +892,77 @@ mod tests {
             assert!(text.contains(&format!("\n{line}\n")), "no {line:?} in:\n{text}");
         }
         assert!(!text.contains("\nberth_x 1"), "{text}");
+        // The view's own deadline is as old as its gathering: the live one
+        // comes from the agent's lease.
+        assert!(!text.contains("berth_cluster_fence_deadline_seconds"), "{text}");
         assert!(
             text.contains("\nberth_cluster_etcd_failures_total{kind=\"timeout\"} "),
             "{text}"
         );
+    }
+
+    struct Lease(Option<f64>, bool);
+
+    impl LeaseProbe for Lease {
+        fn fence_deadline_in_s(&self) -> Option<f64> {
+            self.0
+        }
+
+        fn joined(&self) -> bool {
+            self.1
+        }
+    }
+
+    /// The agent's own counters and its live lease; a node with no key
+    /// of its own in the view shows as absent.
+    #[test]
+    fn the_agent_counts_and_its_lease() {
+        let shared = Shared::new(Duration::from_secs(10));
+        shared.cluster_waiting();
+        let before = text(&shared);
+        for line in [
+            "berth_cluster_takeovers_total 0",
+            "berth_cluster_fenced_workloads_total{cause=\"deadline\"} 0",
+            "berth_cluster_reconcile_starts_total{result=\"failed\"} 0",
+        ] {
+            assert!(
+                before.contains(&format!("\n{line}\n")),
+                "no {line:?} in:\n{before}"
+            );
+        }
+        assert!(
+            !before.contains("berth_cluster_joined"),
+            "no lease yet:\n{before}"
+        );
+        let _ = shared.agent.lease.set(Arc::new(Lease(Some(-1.5), false)));
+        shared.agent.takeovers.fetch_add(2, Ordering::Relaxed);
+        shared.agent.fenced(FenceCause::Deadline, 3);
+        shared.agent.fenced(FenceCause::NotOwner, 1);
+        shared.agent.starts_failed.fetch_add(4, Ordering::Relaxed);
+        shared.agent.set_pending([("db".to_string(), 4)].into());
+        shared.set_cluster(serde_json::json!({
+            "node": "n2",
+            "peers": [{"node": "n1", "state": "maintenance", "member": true, "ha": []}],
+            "owners": []
+        }));
+        let text = text(&shared);
+        for line in [
+            "berth_cluster_joined 0",
+            "berth_cluster_fence_deadline_seconds -1.5",
+            "berth_cluster_takeovers_total 2",
+            "berth_cluster_fenced_workloads_total{cause=\"deadline\"} 3",
+            "berth_cluster_fenced_workloads_total{cause=\"not-owner\"} 1",
+            "berth_cluster_fenced_workloads_total{cause=\"new-lease\"} 0",
+            "berth_cluster_reconcile_starts_total{result=\"done\"} 0",
+            "berth_cluster_reconcile_starts_total{result=\"failed\"} 4",
+            "berth_cluster_reconcile_attempts{workload=\"db\"} 4",
+            "berth_cluster_node_state{state=\"absent\"} 1",
+            "berth_cluster_peer_state{node=\"n1\",state=\"maintenance\",member=\"true\"} 1",
+        ] {
+            assert!(text.contains(&format!("\n{line}\n")), "no {line:?} in:\n{text}");
+        }
+        shared.agent.set_pending(BTreeMap::new());
+        let after = render(&families(&shared, SystemTime::now()), Format::Text);
+        assert!(!after.contains("berth_cluster_reconcile_attempts{"), "{after}");
     }
 }

@@ -6,7 +6,8 @@
 # while every node stays up (scenario 31: when nodes or etcd go away).
 # db is `ha = true, nodes = ["n1", "n2", "n3"]` on every node:
 # - the first candidate takes it (create-if-absent, on its lease) and
-#   starts it; nobody else runs it; status, list and /v1/cluster show it;
+#   starts it; nobody else runs it; status, list, /v1/cluster and
+#   /metrics show it;
 # - a restart of every daemon (keys handed to a maintenance lease and
 #   back), a SIGKILL of the owner's daemon, and a stop of it shorter than
 #   maintenance_grace_period_s move nothing;
@@ -15,7 +16,8 @@
 #   db only after the maintenance lease expired and the stop bound ran out;
 # - a partition of the owner: it fences at its deadline; a peer starts db
 #   only after the owner's key expired and the stop bound ran out; when
-#   the partition heals the old owner leaves db alone.
+#   the partition heals the old owner leaves db alone; each daemon's
+#   /metrics counts its takes and fences (promtool checks the text).
 # Every start and stop of db is timestamped by the workload (one kernel
 # clock), so the order of a stop and a start is read off the logs.
 source "$(dirname "$0")/../lib.sh"
@@ -63,6 +65,17 @@ check "/v1/cluster on n3 shows db owned by n1 (gathered again once read)" \
 # join a little later.
 check "... and the three peers up, each with its lease's age" \
     wait_for 10 cluster_view '[(p["node"], p["state"], p["lease_age_s"] is not None) for p in v["peers"]] == [("n1", "up", True), ("n2", "up", True), ("n3", "up", True)]'
+# has_sample NODE LINE: NODE's /metrics has exactly this sample line
+# (read whole first: grep -q would close the pipe on curl, which pipefail
+# counts as a failure).
+has_sample() { grep -Fxq -- "$2" <<<"$(api "$1" /metrics)"; }
+check "/metrics on n1 counts its take" has_sample n1 'berth_cluster_takeovers_total 1'
+check "... says it is joined, with its fence deadline ahead" \
+    bash -c 'grep -Fxq "berth_cluster_joined 1" <<<"$1" && grep -Eq "^berth_cluster_fence_deadline_seconds [0-9]" <<<"$1"' _ "$(api n1 /metrics)"
+check "... and its own node key up (the view gathered again once read)" \
+    wait_for 10 has_sample n1 'berth_cluster_node_state{state="up"} 1'
+check "/metrics on n3: db owned by n1, as n3 saw it" wait_for 10 has_sample n3 'berth_cluster_ha_owner{workload="db",node="n1"} 1'
+check_eq "... and n3 took nothing" 'berth_cluster_takeovers_total 0' "$(api n3 /metrics | grep '^berth_cluster_takeovers_total')"
 
 # A restart of every daemon moves nothing: each hands its keys to a
 # maintenance lease on the way out and takes them back at its join. The
@@ -115,6 +128,8 @@ log "  measured: n1's daemon, SIGKILLed, disarmed its fence timer $back_ms befor
 on n1 systemctl stop berth-daemon.service
 check_contains "n1's daemon stopped: n1 is in maintenance" '"state":"maintenance"' \
     "$(etcdctl get /berth/nodes/n1 --print-value-only)"
+check "... as n3's /metrics says" \
+    wait_for 10 has_sample n3 'berth_cluster_peer_state{node="n1",state="maintenance",member="true"} 1'
 maintenance_lease=$(lease_of /berth/owners/db)
 check "... its key is on the maintenance lease ($maintenance_lease, not $lease)" \
     test -n "$maintenance_lease" -a "$maintenance_lease" != "$lease"
@@ -193,3 +208,16 @@ check "the partition heals: n2 joins again" wait_for 30 says_more n2 'cluster: j
 check "... and leaves db stopped: its key is no longer on n2's lease" wait_for 20 says_more n2 'db stays stopped' 0
 sleep 2
 check_eq "... db runs on n1 only, owned by n1" "n1 n1" "$(running_on) $(owner)"
+
+# What each daemon counted of this (since it started: n2's before its
+# take, n1's after its stop past the grace).
+check "/metrics on n2 counts its fence at the deadline" \
+    has_sample n2 'berth_cluster_fenced_workloads_total{cause="deadline"} 1'
+check "... and its take" has_sample n2 'berth_cluster_takeovers_total 1'
+check "... joined again" has_sample n2 'berth_cluster_joined 1'
+check "... with db's fence in its record's transitions" \
+    bash -c 'grep -Eq "^berth_workload_transitions_total\{workload=\"db\",reason=\"fence\"\} [1-9]" <<<"$1"' _ "$(api n2 /metrics)"
+check "/metrics on n1 counts its take after the partition, and no fence" \
+    bash -c 'grep -Fxq "berth_cluster_takeovers_total 1" <<<"$1" && grep -Fxq "berth_cluster_fenced_workloads_total{cause=\"deadline\"} 0" <<<"$1"' _ "$(api n1 /metrics)"
+check "promtool finds nothing wrong with a cluster node's metrics" \
+    bash -c 'promtool check metrics <<<"$1"' _ "$(api n2 /metrics)"
