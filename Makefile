@@ -51,7 +51,7 @@ UNITS := berth.target berth.slice berth-drain.service berth-autostart.service be
 
 INSTALL ?= install
 
-.PHONY: all build units man completions install uninstall deb deps lint check check-faults soak demo bench clean FORCE
+.PHONY: all build units man completions install uninstall deb deps lint check check-no-cluster check-faults soak demo bench clean FORCE
 all: build units man completions
 
 # berth, then berth-libvirt (libvirt-helper/, which links libvirt:
@@ -141,6 +141,20 @@ deb:
 		BERTH_DEB_VERSION='$(DEB_VERSION)' \
 		debian/rules binary
 	debian/rules clean
+
+# berth without cluster mode (cargo's default feature `cluster` off): no
+# etcd-client, tonic or prost in its tree, and a build that never runs
+# protoc (PROTOC points nowhere: a build that needed it would fail). Its
+# lints and the tests whose outcome depends on the feature; verify.rs
+# checks both variants of the golden trees in the default build.
+NO_CLUSTER = PROTOC=/nonexistent/protoc $(CARGO)
+NO_CLUSTER_FLAGS = --no-default-features -p berth $(CARGO_FLAGS)
+check-no-cluster:
+	if $(CARGO) tree $(NO_CLUSTER_FLAGS) -e normal | grep -E ' (tonic|prost|etcd-client) v'; then \
+		echo "check-no-cluster: the tree above holds a cluster crate" >&2; exit 1; fi
+	$(NO_CLUSTER) clippy $(NO_CLUSTER_FLAGS) --all-targets -- -D warnings
+	$(NO_CLUSTER) test $(NO_CLUSTER_FLAGS) --lib --test exit_codes --test generator_golden \
+		--test hostile_paths --test broken_pipe --test escaper_systemd --test guest_watcher
 
 # Debian packages the build and the suite need (a no-op when present).
 deps:

@@ -275,10 +275,14 @@ fn freeze_refuses_a_typo_unless_forced() {
 fn freeze_refuses_a_reason_too_long() {
     let (root, _) = root_with_web();
     let long = "x".repeat(1025);
-    for args in [
-        &["freeze", "web", "--reason", long.as_str()][..],
-        &["freeze", "--cluster", "--reason", long.as_str()],
-    ] {
+    let cluster = ["freeze", "--cluster", "--reason", long.as_str()];
+    if !cfg!(feature = "cluster") {
+        let o = run(berth_bin(), &cluster, Some(root.path()));
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains(NOT_BUILT), "{}", stderr(&o));
+    }
+    let both = [&["freeze", "web", "--reason", long.as_str()][..], &cluster];
+    for args in &both[..if cfg!(feature = "cluster") { 2 } else { 1 }] {
         let o = run(berth_bin(), args, Some(root.path()));
         assert_eq!(code(&o), 2, "{}", stderr(&o));
         assert!(
@@ -297,8 +301,13 @@ fn freeze_refuses_a_reason_too_long() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
+/// What a build without the `cluster` feature says to a cluster verb.
+const NOT_BUILT: &str =
+    "cluster mode is not in this build of berth (built without the cargo feature \"cluster\")";
+
 /// Issue 14: the cluster's verbs outside cluster mode are runtime errors
-/// naming the missing section; a bad name is a usage error.
+/// naming the missing section (or, in a build without cluster mode,
+/// saying so); a bad name is a usage error.
 #[test]
 fn cluster_verbs_without_a_cluster_and_with_bad_names() {
     let (root, _) = root_with_web();
@@ -310,11 +319,12 @@ fn cluster_verbs_without_a_cluster_and_with_bad_names() {
     ] {
         let o = run(berth_bin(), args, Some(root.path()));
         assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains("no valid [cluster] section in berth.toml"),
-            "{args:?}: {}",
-            stderr(&o)
-        );
+        let said = if cfg!(feature = "cluster") {
+            "no valid [cluster] section in berth.toml"
+        } else {
+            NOT_BUILT
+        };
+        assert!(stderr(&o).contains(said), "{args:?}: {}", stderr(&o));
     }
     for args in [
         &["freeze", "a/b", "--cluster"][..],
@@ -322,13 +332,22 @@ fn cluster_verbs_without_a_cluster_and_with_bad_names() {
         &["cluster", "forget", "n/3"],
     ] {
         let o = run(berth_bin(), args, Some(root.path()));
-        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        if cfg!(feature = "cluster") {
+            assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        } else {
+            assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+            assert!(stderr(&o).contains(NOT_BUILT), "{args:?}: {}", stderr(&o));
+        }
     }
     // A typo is refused with --cluster too.
     let o = run(berth_bin(), &["freeze", "webb", "--cluster"], Some(root.path()));
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("no workload \"webb\" is configured"),
+        stderr(&o).contains(if cfg!(feature = "cluster") {
+            "no workload \"webb\" is configured"
+        } else {
+            NOT_BUILT
+        }),
         "{}",
         stderr(&o)
     );

@@ -7,7 +7,12 @@
 //! environment (e.g. SYSTEMD_SCOPE=user, HOME, XDG_RUNTIME_DIR for a user
 //! manager's generator; those paths are taken under `root/`).
 //!
-//! BERTH_UPDATE_GOLDEN=1 rewrites the expectations; review the diff.
+//! A build without the `cluster` feature refuses `[cluster]`: a case
+//! whose berth.toml has one is compared with `expected-without-cluster/`,
+//! `exit-status-without-cluster` and `stderr-without-cluster` instead.
+//!
+//! BERTH_UPDATE_GOLDEN=1 rewrites the expectations (of the build's own
+//! variant); review the diff.
 
 mod common;
 
@@ -34,8 +39,20 @@ fn generator(case: &Path) -> Command {
     cmd
 }
 
+/// The suffix of the expectations this build compares with.
+fn variant(case: &Path) -> &'static str {
+    let has_cluster = fs::read_to_string(case.join("root/etc/berth/berth.toml"))
+        .is_ok_and(|t| t.lines().any(|l| l.trim() == "[cluster]"));
+    if has_cluster && !cfg!(feature = "cluster") {
+        "-without-cluster"
+    } else {
+        ""
+    }
+}
+
 fn run_case(case: &Path) -> Result<(), String> {
     let root = case.join("root");
+    let variant = variant(case);
     let out = tempfile::tempdir().unwrap();
     let normal = out.path().join("normal");
     let (early, late) = (out.path().join("early"), out.path().join("late"));
@@ -52,13 +69,13 @@ fn run_case(case: &Path) -> Result<(), String> {
         case.display()
     );
 
-    let expected_dir = case.join("expected");
+    let expected_dir = case.join(format!("expected{variant}"));
     if std::env::var_os("BERTH_UPDATE_GOLDEN").is_some() {
         let _ = fs::remove_dir_all(&expected_dir);
         fs::create_dir_all(&expected_dir).unwrap();
         copy_tree(&normal, &expected_dir);
-        fs::write(case.join("exit-status"), format!("{status}\n")).unwrap();
-        fs::write(case.join("stderr"), &stderr).unwrap();
+        fs::write(case.join(format!("exit-status{variant}")), format!("{status}\n")).unwrap();
+        fs::write(case.join(format!("stderr{variant}")), &stderr).unwrap();
         return Ok(());
     }
 
@@ -77,14 +94,14 @@ fn run_case(case: &Path) -> Result<(), String> {
             return Err(format!("{name} differs:\n--- got\n{g:?}\n--- want\n{w:?}"));
         }
     }
-    let want_status = fs::read_to_string(case.join("exit-status")).unwrap();
+    let want_status = fs::read_to_string(case.join(format!("exit-status{variant}"))).unwrap();
     if status != want_status.trim() {
         return Err(format!(
             "exit status {status}, want {}; stderr:\n{stderr}",
             want_status.trim()
         ));
     }
-    let want_stderr = fs::read_to_string(case.join("stderr")).unwrap();
+    let want_stderr = fs::read_to_string(case.join(format!("stderr{variant}"))).unwrap();
     if stderr != want_stderr {
         return Err(format!(
             "stderr differs:\n--- got\n{stderr}--- want\n{want_stderr}"
@@ -132,7 +149,7 @@ fn dry_run_matches_written_output() {
     for case in golden_cases() {
         let out = generator(&case).arg("--dry-run").output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
-        for (name, entry) in tree(&case.join("expected")) {
+        for (name, entry) in tree(&case.join(format!("expected{}", variant(&case)))) {
             match entry {
                 Entry::File(content) => assert!(
                     text.contains(&format!("# {name}\n{content}")),

@@ -49,8 +49,14 @@ fn copy_dir(from: &Path, to: &Path) {
     assert!(status.success());
 }
 
+/// Both of a case's expected trees, with and without cluster mode.
 fn verify_case(case: &Path, units: &Path) -> Result<(), String> {
-    verify_tree(&case.join("expected"), units)
+    verify_tree(&case.join("expected"), units)?;
+    let without = case.join("expected-without-cluster");
+    if without.is_dir() {
+        verify_tree(&without, units)?;
+    }
+    Ok(())
 }
 
 /// Stages `generated` (a generator output tree) with the packaged units and

@@ -558,6 +558,7 @@ mod tests {
 
     /// Issue 13: the autostart runs without the daemon and would
     /// double-run an HA workload after a reboot; its owner starts it.
+    #[cfg(feature = "cluster")]
     #[tokio::test(start_paused = true)]
     async fn ha_workloads_are_left_to_their_owner() {
         let dir = tempfile::tempdir().unwrap();

@@ -26,11 +26,16 @@ pub(super) fn run(root: &Root) -> i32 {
             Ok(sd) => {
                 // In cluster mode, owner keys are released as workloads go
                 // down, and HA workloads fenced at the lease deadline.
-                let release = crate::cluster::release::Release::begin(root, &loaded, &events);
-                drain::run_with(&sd, root, &loaded, &events, began, release, || {
-                    cluster_wait_until(began, &loaded)
-                })
-                .await;
+                #[cfg(feature = "cluster")]
+                {
+                    let release = crate::cluster::release::Release::begin(root, &loaded, &events);
+                    drain::run_with(&sd, root, &loaded, &events, began, release, || {
+                        cluster_wait_until(began, &loaded)
+                    })
+                    .await;
+                }
+                #[cfg(not(feature = "cluster"))]
+                drain::run(&sd, root, &loaded, &events, began).await;
             }
             Err(e) => drain::unreachable(root, &loaded, &e, &events),
         }
@@ -43,6 +48,7 @@ pub(super) fn run(root: &Root) -> i32 {
 
 /// How long a finished drain waits for etcd to hear the last releases
 /// and `drained`: at most 5 s, and never past the drain's deadline.
+#[cfg(feature = "cluster")]
 fn cluster_wait_until(began: tokio::time::Instant, loaded: &config::Loaded) -> tokio::time::Instant {
     let deadline = began + std::time::Duration::from_secs(loaded.host.drain_deadline_s);
     (tokio::time::Instant::now() + std::time::Duration::from_secs(5))

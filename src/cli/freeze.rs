@@ -49,6 +49,7 @@ fn refuse_typo(root: &Root, name: Option<&str>, force: bool) -> Option<i32> {
 
 /// The cluster's settings and this node's name, or the reason there are
 /// none (exit 1).
+#[cfg(feature = "cluster")]
 fn cluster_of(root: &Root, verb: &str) -> Result<(crate::config::ClusterSettings, String), i32> {
     let loaded = config::load(root);
     let Some(settings) = loaded.host.cluster.clone() else {
@@ -67,6 +68,7 @@ fn cluster_of(root: &Root, verb: &str) -> Result<(crate::config::ClusterSettings
 }
 
 /// `berth freeze [NAME] --cluster`.
+#[cfg(feature = "cluster")]
 pub(super) fn freeze_cluster(root: &Root, name: Option<&str>, reason: &str, force: bool) -> i32 {
     if let Some(code) = refuse_long_reason(reason).or_else(|| refuse_typo(root, name, force)) {
         return code;
@@ -97,6 +99,7 @@ pub(super) fn freeze_cluster(root: &Root, name: Option<&str>, reason: &str, forc
 }
 
 /// `berth thaw [NAME] --cluster`.
+#[cfg(feature = "cluster")]
 pub(super) fn thaw_cluster(root: &Root, name: Option<&str>) -> i32 {
     if let Some(n) = name
         && !is_valid_workload_name(n)

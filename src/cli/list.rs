@@ -43,6 +43,9 @@ pub(super) fn run(root: &Root, only: Option<String>, json: bool) -> i32 {
         .flatten();
     // Cluster mode: each HA workload's owner, as etcd tells it now (no
     // lease TTLs: only the owners are shown).
+    #[cfg(not(feature = "cluster"))]
+    let owners: Option<Result<HashMap<String, String>, String>> = None;
+    #[cfg(feature = "cluster")]
     let owners: Option<Result<HashMap<String, String>, String>> =
         loaded.host.cluster.as_ref().map(|settings| {
             super::ask_cluster(root, settings, false).map(|v| {

@@ -7,9 +7,11 @@ mod add;
 mod build;
 mod cat;
 mod check;
+#[cfg(feature = "cluster")]
 mod cluster;
 mod daemon;
 mod drain;
+#[cfg(feature = "cluster")]
 mod fence_watch;
 mod freeze;
 mod install;
@@ -238,10 +240,24 @@ pub fn main() -> i32 {
         } => with_root(root, |r| check::run(r, dir, live, json)),
         Verb::Autostart => with_root(root, lifecycle::autostart),
         Verb::NotConfigured { name } => with_root(root, |r| lifecycle::not_configured(r, &name)),
+        #[cfg(feature = "cluster")]
         Verb::OwnerCheck { name } => with_root(root, |r| cluster::owner_check(r, &name)),
+        #[cfg(feature = "cluster")]
         Verb::FenceArm => with_root(root, cluster::fence_arm),
+        #[cfg(feature = "cluster")]
         Verb::Fence => with_root(root, cluster::fence),
+        #[cfg(feature = "cluster")]
         Verb::FenceWatch => with_root(root, fence_watch::fence_watch),
+        // A unit of an HA workload cannot be generated without cluster
+        // mode; should one start anyway, owner-check still fails closed.
+        #[cfg(not(feature = "cluster"))]
+        Verb::OwnerCheck { .. } => without_cluster("owner-check", 255),
+        #[cfg(not(feature = "cluster"))]
+        Verb::FenceArm => without_cluster("fence-arm", 1),
+        #[cfg(not(feature = "cluster"))]
+        Verb::Fence => without_cluster("fence", 1),
+        #[cfg(not(feature = "cluster"))]
+        Verb::FenceWatch => without_cluster("fence-watch", 1),
         Verb::Guest {
             domain,
             stop_delay,
@@ -281,6 +297,7 @@ pub fn main() -> i32 {
             force,
             cluster: false,
         } => with_root(root, |r| freeze::freeze(r, name.as_deref(), &reason, force)),
+        #[cfg(feature = "cluster")]
         Verb::Freeze {
             name,
             reason,
@@ -290,10 +307,18 @@ pub fn main() -> i32 {
             freeze::freeze_cluster(r, name.as_deref(), &reason, force)
         }),
         Verb::Thaw { name, cluster: false } => with_root(root, |r| freeze::thaw(r, name.as_deref())),
+        #[cfg(feature = "cluster")]
         Verb::Thaw { name, cluster: true } => with_root(root, |r| freeze::thaw_cluster(r, name.as_deref())),
+        #[cfg(feature = "cluster")]
         Verb::Cluster {
             verb: ClusterVerb::Forget { node },
         } => with_root(root, |r| cluster::forget(r, &node)),
+        #[cfg(not(feature = "cluster"))]
+        Verb::Freeze { cluster: true, .. } => without_cluster("freeze --cluster", 1),
+        #[cfg(not(feature = "cluster"))]
+        Verb::Thaw { cluster: true, .. } => without_cluster("thaw --cluster", 1),
+        #[cfg(not(feature = "cluster"))]
+        Verb::Cluster { .. } => without_cluster("cluster", 1),
         Verb::List { json } => with_root(root, |r| list::run(r, None, json)),
         Verb::Cat { name } => with_root(root, |r| cat::run(r, &name)),
         Verb::Add(args) => with_root(root, |r| add::add(r, args)),
@@ -303,6 +328,15 @@ pub fn main() -> i32 {
         Verb::Uninstall { purge } => with_root(root, |r| install::uninstall(r, purge)),
         Verb::Reload => with_root(root, install::reload),
     }
+}
+
+/// A cluster verb in a build without cluster mode: said, and `code`.
+#[cfg(not(feature = "cluster"))]
+fn without_cluster(verb: &str, code: i32) -> i32 {
+    say_error(&format!(
+        "berth {verb}: cluster mode is not in this build of berth (built without the cargo feature \"cluster\")"
+    ));
+    code
 }
 
 /// Runs a verb that needs the manager's paths; without them (a user
@@ -326,6 +360,7 @@ fn block_on<T>(future: impl Future<Output = T>) -> anyhow::Result<T> {
 
 /// The cluster as etcd tells it now, for `status` and `list` (a bounded
 /// wait); `lease_ttls` asks each node lease's TTL too.
+#[cfg(feature = "cluster")]
 fn ask_cluster(
     root: &Root,
     settings: &crate::config::ClusterSettings,

@@ -2,8 +2,7 @@
 
 use serde_json::Value;
 
-use super::{ask_cluster, say, with_systemd};
-use crate::cluster::view::{self, ClusterView};
+use super::{say, with_systemd};
 use crate::paths::{Manager, Root, UserEnvError};
 use crate::status::{self, Unreachable};
 
@@ -13,11 +12,8 @@ pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool
         Err(reason) => status::unusable(manager, &reason.to_string()),
     };
     let cluster = root.as_ref().ok().and_then(cluster);
-    if let Some(c) = &cluster {
-        v["cluster"] = match c {
-            Ok(view) => serde_json::to_value(view).unwrap_or_default(),
-            Err(e) => serde_json::json!({ "error": e }),
-        };
+    if let Some((c, _)) = &cluster {
+        v["cluster"] = c.clone();
     }
     if json {
         say(&format!(
@@ -26,20 +22,35 @@ pub(super) fn run(manager: Manager, root: Result<Root, UserEnvError>, json: bool
         ));
     } else {
         let mut out = text(&v);
-        match &cluster {
-            Some(Ok(view)) => out.push_str(&view::text(view)),
-            Some(Err(e)) => out.push_str(&format!("cluster: cannot ask etcd: {e}\n")),
-            None => {}
+        if let Some((_, c)) = &cluster {
+            out.push_str(c);
         }
         say(&out);
     }
     0
 }
 
-/// In cluster mode, the cluster as etcd tells it now (bounded wait).
-fn cluster(root: &Root) -> Option<Result<ClusterView, String>> {
+/// In cluster mode, the cluster as etcd tells it now (bounded wait): for
+/// the JSON, and as text.
+#[cfg(feature = "cluster")]
+fn cluster(root: &Root) -> Option<(Value, String)> {
     let settings = crate::config::load(root).host.cluster?;
-    Some(ask_cluster(root, &settings, true))
+    Some(match super::ask_cluster(root, &settings, true) {
+        Ok(view) => (
+            serde_json::to_value(&view).unwrap_or_default(),
+            crate::cluster::view::text(&view),
+        ),
+        Err(e) => (
+            serde_json::json!({ "error": e }),
+            format!("cluster: cannot ask etcd: {e}\n"),
+        ),
+    })
+}
+
+/// Without cluster mode there is no `[cluster]` to ask about.
+#[cfg(not(feature = "cluster"))]
+fn cluster(_root: &Root) -> Option<(Value, String)> {
+    None
 }
 
 fn live(root: &Root) -> Result<serde_json::Map<String, Value>, Unreachable> {

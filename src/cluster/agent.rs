@@ -25,6 +25,11 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Whether the agent's thread made progress within `within`.
+    pub fn alive(&self, within: Duration) -> bool {
+        self.state.alive(within)
+    }
+
     /// The daemon is leaving (a stop, a restart, a relaunch): the agent
     /// stops keeping the live lease and hands the node's keys to a
     /// maintenance lease, unless the host is shutting down. Waits at most

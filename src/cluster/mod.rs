@@ -35,27 +35,76 @@
 //! - [`view`]: peers, states, lease ages, owners and the fence deadline,
 //!   for `berth status`, `berth list` and `/v1/cluster`.
 
-pub mod admin;
-pub mod adoption;
-pub mod agent;
-pub mod fence;
+// Without the `cluster` feature only the pure parts are built (the key
+// layout, placement, the fence's and the watchdog's decisions): nothing
+// that talks to etcd, so neither etcd-client nor protoc is needed.
 pub mod fence_watch;
-pub mod join;
 pub mod keys;
-pub mod maintenance;
-pub mod node;
-pub mod owner;
 pub mod ownership;
-pub mod phases;
 pub mod placement;
-pub mod presence;
-pub mod reconcile;
-pub mod rejoin;
-pub mod release;
-pub mod session;
-pub mod take;
-pub mod view;
 pub mod watchdog;
 
+/// The modules that talk to etcd: built with the `cluster` feature only.
+macro_rules! with_etcd {
+    ($($module:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "cluster")]
+            pub mod $module;
+        )*
+    };
+}
+
+with_etcd!(
+    admin,
+    adoption,
+    agent,
+    fence,
+    join,
+    maintenance,
+    node,
+    owner,
+    phases,
+    presence,
+    reconcile,
+    rejoin,
+    release,
+    session,
+    take,
+    view,
+);
+
+#[cfg(not(feature = "cluster"))]
+pub use absent::{Agent, start_agent};
+#[cfg(feature = "cluster")]
 pub use agent::{Agent, start_agent};
+#[cfg(feature = "cluster")]
 pub use node::node_name;
+
+/// A build without cluster mode: the config refuses `[cluster]`, so no
+/// agent ever starts, and the daemon's handle on one has no value.
+#[cfg(not(feature = "cluster"))]
+mod absent {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    pub enum Agent {}
+
+    impl Agent {
+        pub fn alive(&self, _within: Duration) -> bool {
+            match *self {}
+        }
+
+        pub fn hand_over(&self, _limit: Duration) -> String {
+            match *self {}
+        }
+    }
+
+    pub fn start_agent(
+        _root: &crate::paths::Root,
+        _loaded: &crate::config::Loaded,
+        _boot_id: String,
+        _api: Option<Arc<crate::api::Shared>>,
+    ) -> Option<Agent> {
+        None
+    }
+}

@@ -292,6 +292,13 @@ fn validate(table: &Table, origin: &Origin, d: &HostSettings, errors: &mut Vec<C
             r.error("cluster", "is for the system manager: a user manager's workloads are not shared between hosts");
             return None;
         }
+        if !cfg!(feature = "cluster") {
+            r.error(
+                "cluster",
+                "is cluster mode, which this build of berth leaves out (built without the cargo feature \"cluster\"): this node runs single-host, and its HA workloads are refused",
+            );
+            return None;
+        }
         let cluster = cluster::read(t, r.origin(), &mut r.errors)?;
         // A hung daemon must be killed before its lease could outlive it:
         // WatchdogSec= below the TTL minus the margin, and on.
@@ -466,7 +473,30 @@ mod tests {
         assert_eq!(s.daemon.socket, Path::new("/run/berthd/other.sock"));
     }
 
+    /// A build without cluster mode refuses `[cluster]`, naming the
+    /// feature, and keeps the rest of berth.toml.
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn cluster_mode_is_refused_by_a_build_without_it() {
+        let table: Table =
+            "drain_deadline_s = 40\n[cluster]\nnode = \"n1\"\nendpoints = [\"http://10.0.0.1:2379\"]\n"
+                .parse()
+                .unwrap();
+        let origin = Origin::single(Path::new("/etc/berth/berth.toml"));
+        let mut errors = Vec::new();
+        let host = validate(&table, &origin, &HostSettings::default(), &mut errors);
+        assert!(host.cluster.is_none());
+        assert_eq!(host.drain_deadline_s, 40);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let said = errors[0].to_string();
+        assert!(
+            said.contains("cluster") && said.contains("cargo feature \"cluster\""),
+            "{said}"
+        );
+    }
+
     /// Issue 13: `[cluster]`, each input with what it must give.
+    #[cfg(feature = "cluster")]
     #[test]
     fn cluster_settings_and_the_watchdog_they_need() {
         const EP: &str = "endpoints = [\"http://127.0.0.1:2379\"]";

@@ -377,7 +377,7 @@ fn write_textfile<O: Ops>(sup: &mut Supervisor<O>) {
 /// keep descriptors free, and a failure is said, not swallowed.
 fn ping_watchdog<O: Ops>(sup: &Supervisor<O>, watchdog: Option<Duration>) {
     let agent_stalled = match (&sup.cluster, watchdog) {
-        (Some(agent), Some(half)) => !agent.state.alive(2 * half),
+        (Some(agent), Some(half)) => !agent.alive(2 * half),
         _ => false,
     };
     if agent_stalled {

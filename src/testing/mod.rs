@@ -2,7 +2,9 @@
 //! to run the helpers and the supervisor against [`crate::systemd::fake`],
 //! and a real etcd for the cluster agent's phases.
 
+#[cfg(feature = "cluster")]
 pub(crate) mod etcd;
+#[cfg(feature = "cluster")]
 pub(crate) mod relay;
 
 use crate::config::Loaded;
