@@ -34,6 +34,8 @@ SYSTEMD_USER_GENERATOR_DIR ?= $(call systemd_var,systemdusergeneratordir,$(PREFI
 SYSTEMD_CATALOG_DIR ?= $(call systemd_var,catalogdir,$(PREFIX)/lib/systemd/catalog)
 SYSUSERS_DIR ?= $(call systemd_var,sysusersdir,$(PREFIX)/lib/sysusers.d)
 TMPFILES_DIR ?= $(call systemd_var,tmpfilesdir,$(PREFIX)/lib/tmpfiles.d)
+SYSTEMD_SYSTEM_PRESET_DIR ?= $(call systemd_var,systemdsystempresetdir,$(PREFIX)/lib/systemd/system-preset)
+SYSTEMD_USER_PRESET_DIR ?= $(call systemd_var,systemduserpresetdir,$(PREFIX)/lib/systemd/user-preset)
 
 CARGO ?= cargo
 CARGO_FLAGS ?= --locked
@@ -101,6 +103,8 @@ endif
 	$(INSTALL) -Dm644 catalog/berth.catalog $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	$(INSTALL) -Dm644 units/berth.sysusers $(DESTDIR)$(SYSUSERS_DIR)/berth.conf
 	$(INSTALL) -Dm644 units/berth.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/berth.conf
+	$(INSTALL) -Dm644 units/berth.preset $(DESTDIR)$(SYSTEMD_SYSTEM_PRESET_DIR)/90-berth.preset
+	$(INSTALL) -Dm644 units/berth.preset $(DESTDIR)$(SYSTEMD_USER_PRESET_DIR)/90-berth.preset
 	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/berth $(DESTDIR)$(DATADIR)/bash-completion/completions/berth
 	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/_berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth
 	$(INSTALL) -Dm644 $(BUILD_DIR)/completions/berth.fish $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish
@@ -116,6 +120,7 @@ uninstall:
 	rm -f $(DESTDIR)$(SYSTEMD_USER_GENERATOR_DIR)/berth-generator
 	rm -f $(DESTDIR)$(SYSTEMD_CATALOG_DIR)/berth.catalog
 	rm -f $(DESTDIR)$(SYSUSERS_DIR)/berth.conf $(DESTDIR)$(TMPFILES_DIR)/berth.conf
+	rm -f $(DESTDIR)$(SYSTEMD_SYSTEM_PRESET_DIR)/90-berth.preset $(DESTDIR)$(SYSTEMD_USER_PRESET_DIR)/90-berth.preset
 	rm -f $(DESTDIR)$(DATADIR)/bash-completion/completions/berth $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_berth $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/berth.fish
 	for page in $(MAN_PAGES); do rm -f $(DESTDIR)$(MANDIR)/man$${page##*.}/$$page; done
 
