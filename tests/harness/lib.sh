@@ -126,6 +126,40 @@ build_base() {
         >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
 }
 
+# apt_into ROOT LOG PACKAGE...: installs the packages into ROOT with its
+# own apt (in a mount namespace: apt needs /proc; no service starts).
+apt_into() {
+    local r=$1 log=$2
+    shift 2
+    unshare -m --propagation private sh -euc '
+        r=$1; shift
+        mount --bind "$r" "$r"
+        mount -t proc proc "$r/proc"
+        printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
+        chmod 755 "$r/usr/sbin/policy-rc.d"
+        chroot "$r" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends "$@"
+        chroot "$r" apt-get clean
+        rm "$r/usr/sbin/policy-rc.d"
+    ' sh "$r" "$@" >"$log" 2>&1 || die "installing $* failed; see $log"
+}
+
+# The package scenario's root: the base plus autopkgtest, whose null
+# runner runs debian/tests against the installed package in the booted
+# container.
+PACKAGE_PACKAGES="autopkgtest"
+PACKAGE_BASE=$(cache_dir "base-$SUITE-package" "$BASE_STAMP + $PACKAGE_PACKAGES v1")
+harness_package_base() {
+    harness_base
+    cache_build "base-$SUITE-package" "$PACKAGE_BASE" build_package_base
+}
+build_package_base() {
+    log "harness: $PACKAGE_PACKAGES into $1 (about 30 s)"
+    cp -a "$BASE" "$1"
+    # shellcheck disable=SC2086 # a list of package names
+    apt_into "$1" "$HARNESS_DIR/package-$SUITE.log" $PACKAGE_PACKAGES
+}
+
 # A fresh copy of the base with berth installed the way a packager would
 # (make install DESTDIR=… PREFIX=/usr) and berth.target enabled, plus the
 # harness's own test programs under /opt/berth-test. A run prepares it

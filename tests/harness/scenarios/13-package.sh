@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# harness-job: minutes=0.3
+# harness-job: minutes=0.5
 # The Debian package (make deb) on a host of its own: a fresh copy of the
 # debootstrapped base, booted non-volatile so that it keeps its state
 # across power-off like a real machine.
@@ -86,7 +86,12 @@ check_eq "the preset enables nothing" "" \
 # --- a host of its own ----------------------------------------------------------
 CT_ROOT=$HARNESS_DIR/root-package
 rm -rf "$CT_ROOT"
-cp -a "$BASE" "$CT_ROOT"
+harness_package_base
+cp -a "$PACKAGE_BASE" "$CT_ROOT"
+# The source package's debian/ (control, changelog, tests), for
+# autopkgtest.
+install -d "$CT_ROOT/root/src"
+cp -a "$REPO/debian" "$CT_ROOT/root/src/"
 install -d "$CT_ROOT/opt/berth-test" "$CT_ROOT/root/debs"
 install -m755 "$REPO"/tests/harness/bin/* "$CT_ROOT/opt/berth-test/"
 cp "$DEB_DIR/$DEB1" "$DEB_DIR/$DEB2" "$CT_ROOT/root/debs/"
@@ -109,6 +114,16 @@ check "/var/lib/berth exists" ct test -d /var/lib/berth/records
 check_eq "/run/berthd belongs to the berth group" "root:berth 750" "$(ct stat -c '%U:%G %a' /run/berthd 2>&1)"
 check "the journal catalog knows berth's records" \
     sh -c "nsenter -t $CT_PID -a journalctl --list-catalog a0ddea6ee36c427990a5421dd1040be6 | grep -q a0ddea6e"
+# debian/tests against the installed package, with autopkgtest's null
+# runner in the booted container (no build: the package is installed).
+out=$(ct autopkgtest --no-built-binaries /root/src -- null 2>&1) && rc=0 || rc=$?
+check_eq "autopkgtest passes debian/tests against the installed package" "0" \
+    "$rc$([ "$rc" = 0 ] || printf '\n%s' "$(printf '%s\n' "$out" | tail -n 30)")"
+for t in generator check units; do
+    check "... $t: PASS" bash -c 'grep -Eq "^$1 +PASS" <<<"$2"' _ "$t" "$out"
+done
+check_eq "... and left no workload file or unit behind" "" \
+    "$(ct ls -A /etc/berth/workloads 2>/dev/null; ct systemctl list-units --all --no-legend --plain 'berth@*' 2>&1)"
 out=$(ct systemd-analyze verify --man=no berth.target berth-drain.service berth-autostart.service \
     berth-daemon.service berth-fence-watch.service berth.slice berth@example.service 2>&1) && rc=0 || rc=$?
 check_eq "systemd-analyze verify of the installed units is clean" "0:" "$rc:$out"
