@@ -66,12 +66,12 @@ impl Units for Recorder {
         })))
     }
 
-    fn fence(&self, workload: &Workload) -> Pending<()> {
+    fn fence(&self, workload: &Workload) -> Pending<bool> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "fence {}", workload.name);
         let _ = out.flush();
         self.running.borrow_mut().remove(&workload.name);
-        Box::pin(std::future::ready(()))
+        Box::pin(std::future::ready(true))
     }
 }
 

@@ -179,8 +179,9 @@ pub trait Units: 'static {
     fn start(&self, w: &Workload) -> Pending<bool>;
     /// What the unit does now; `None` when systemd did not say.
     fn seen(&self, w: &Workload) -> Pending<Option<Seen>>;
-    /// Stops it at once within its stop bound, recorded as a fence.
-    fn fence(&self, w: &Workload) -> Pending<()>;
+    /// Stops it at once within its stop bound, recorded as a fence:
+    /// whether it is down afterwards.
+    fn fence(&self, w: &Workload) -> Pending<bool>;
 }
 
 /// A start's answer: workload, ownership, done.
@@ -331,10 +332,16 @@ impl Reconciler {
                             w.name,
                             describe(owner, live)
                         ));
-                        tokio::task::spawn_local(units.fence(w));
-                        if let Some(api) = &node.api {
-                            api.agent.fenced(crate::api::metrics::FenceCause::NotOwner, 1);
-                        }
+                        // Counted once down: a stop that failed is tried
+                        // again two passes later.
+                        let (fence, api) = (units.fence(w), node.api.clone());
+                        tokio::task::spawn_local(async move {
+                            if fence.await
+                                && let Some(api) = api
+                            {
+                                api.agent.fenced(crate::api::metrics::FenceCause::NotOwner, 1);
+                            }
+                        });
                     }
                 }
             }

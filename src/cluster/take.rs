@@ -120,14 +120,28 @@ impl<O: Ops + 'static> Units for OpsUnits<O> {
         })
     }
 
-    fn fence(&self, workload: &Workload) -> Pending<()> {
+    fn fence(&self, workload: &Workload) -> Pending<bool> {
         let (ops, root, w) = (self.ops.clone(), self.root.clone(), workload.clone());
         Box::pin(async move {
             let events = Events::new("berth-daemon");
             // The reconciliation said why: not the lease deadline's
             // message of fence_now.
-            super::fence::stop_now(&*ops, &root, std::slice::from_ref(&w), &events).await;
+            !super::fence::stop_now(&*ops, &root, std::slice::from_ref(&w), &events)
+                .await
+                .is_empty()
         })
+    }
+}
+
+/// Empties the metrics' starts of owned workloads when the loop that
+/// reports them ends.
+struct ClearPending(Option<std::sync::Arc<crate::api::Shared>>);
+
+impl Drop for ClearPending {
+    fn drop(&mut self) {
+        if let Some(api) = &self.0 {
+            api.agent.set_pending(Default::default());
+        }
     }
 }
 
@@ -231,6 +245,8 @@ pub async fn run_with(
         ..View::default()
     };
     let mut reconciler = Reconciler::default();
+    // The starts it reports go with it: a lost lease drops this loop.
+    let _pending = ClearPending(node.api.clone());
     // A workload this node has but cannot take (no bounded stop, or
     // systemd cannot describe it) is waited for for good, so that
     // placement passes over this node for it.
@@ -255,6 +271,8 @@ pub async fn run_with(
                 crate::state::cluster::write_listing_error(&node.root.runtime_dir(), Some(&said));
                 if let Some(api) = &node.api {
                     api.set_listing_error(Some(said.clone()));
+                    // Not known while nothing is listed.
+                    api.agent.set_pending(Default::default());
                 }
                 failing = Some(said);
                 tokio::time::sleep(Duration::from_secs(1)).await;

@@ -571,23 +571,32 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
     out.push(failures);
     agent(&shared.agent, out);
     let Some(view) = view else { return };
-    let me = view.get("node").and_then(|v| v.as_str()).unwrap_or("");
+    // A failed gathering keeps an older view (or none): what it says of
+    // this node's key is not known now.
+    let me = view
+        .get("node")
+        .and_then(|v| v.as_str())
+        .filter(|_| view.get("error").is_none());
     let mine = view
         .get("peers")
         .and_then(|v| v.as_array())
         .into_iter()
         .flatten()
-        .find(|p| p.get("node").and_then(|v| v.as_str()) == Some(me));
+        .find(|p| me.is_some() && p.get("node").and_then(|v| v.as_str()) == me);
     out.push(
         Family::new(
             "berth_cluster_node_state",
             Type::Gauge,
-            "This node's state as its node key says it (up, maintenance, shutting-down, drained; absent: none), as a label; always 1.",
+            "This node's state as its node key says it (up, maintenance, shutting-down, drained; absent: none; unknown: the last gathering failed), as a label; always 1.",
         )
         .with(
             &[(
                 "state",
-                mine.and_then(|p| p.get("state")).and_then(|v| v.as_str()).unwrap_or("absent"),
+                match (me, mine) {
+                    (None, _) => "unknown",
+                    (Some(_), Some(p)) => p.get("state").and_then(|v| v.as_str()).unwrap_or("unreadable"),
+                    (Some(_), None) => "absent",
+                },
             )],
             1.0,
         ),
@@ -962,7 +971,14 @@ mod tests {
             assert!(text.contains(&format!("\n{line}\n")), "no {line:?} in:\n{text}");
         }
         shared.agent.set_pending(BTreeMap::new());
+        // A failed gathering: the older view's word on this node's key is
+        // not taken for now's.
+        shared.cluster_unreachable("etcd: no answer");
         let after = render(&families(&shared, SystemTime::now()), Format::Text);
         assert!(!after.contains("berth_cluster_reconcile_attempts{"), "{after}");
+        assert!(
+            after.contains("\nberth_cluster_node_state{state=\"unknown\"} 1\n"),
+            "{after}"
+        );
     }
 }
