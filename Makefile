@@ -155,7 +155,8 @@ deb:
 NO_CLUSTER = PROTOC=/nonexistent/protoc $(CARGO)
 NO_CLUSTER_FLAGS = --no-default-features -p berth $(CARGO_FLAGS)
 check-no-cluster:
-	if $(CARGO) tree $(NO_CLUSTER_FLAGS) -e normal | grep -E ' (tonic|prost|etcd-client) v'; then \
+	tree=$$($(CARGO) tree $(NO_CLUSTER_FLAGS) -e normal) || exit 1; \
+	if printf '%s\n' "$$tree" | grep -E ' (tonic|prost|etcd-client) v'; then \
 		echo "check-no-cluster: the tree above holds a cluster crate" >&2; exit 1; fi
 	$(NO_CLUSTER) clippy $(NO_CLUSTER_FLAGS) --all-targets -- -D warnings
 	$(NO_CLUSTER) test $(NO_CLUSTER_FLAGS) --lib --test exit_codes --test generator_golden \

@@ -655,6 +655,17 @@ mod tests {
         assert!(daemon.contains("ReadWritePaths=\"-/srv/my api\"\n"), "{daemon}");
         assert!(!daemon.contains("CAP_DAC_READ_SEARCH"), "{daemon}");
         if !cfg!(feature = "cluster") {
+            // The section is refused: nothing is opened for it.
+            std::fs::write(
+                etc.join("berth.toml"),
+                "[cluster]\nnode = \"n1\"\nendpoints = [\"https://10.0.0.1:2379\"]\ntls_ca = \"/root/etcd/ca.pem\"\n",
+            )
+            .unwrap();
+            let loaded = crate::config::load(&root);
+            assert!(!loaded.is_clean());
+            let daemon = daemon_drop_in(&root, &loaded);
+            assert!(!daemon.contains("CAP_DAC_READ_SEARCH"), "{daemon}");
+            assert!(!daemon.contains("AF_INET"), "{daemon}");
             return;
         }
         std::fs::write(

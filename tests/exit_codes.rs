@@ -305,6 +305,24 @@ fn freeze_refuses_a_reason_too_long() {
 const NOT_BUILT: &str =
     "cluster mode is not in this build of berth (built without the cargo feature \"cluster\")";
 
+/// A build without cluster mode: the unit-side verbs say so, and
+/// owner-check still fails closed (255 fails an ExecCondition=).
+#[cfg(not(feature = "cluster"))]
+#[test]
+fn unit_side_cluster_verbs_in_a_build_without_cluster_mode() {
+    let (root, _) = root_with_web();
+    for (args, want) in [
+        (&["owner-check", "web"][..], 255),
+        (&["fence-arm"], 1),
+        (&["fence"], 1),
+        (&["fence-watch"], 1),
+    ] {
+        let o = run(berth_bin(), args, Some(root.path()));
+        assert_eq!(code(&o), want, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(NOT_BUILT), "{args:?}: {}", stderr(&o));
+    }
+}
+
 /// Issue 14: the cluster's verbs outside cluster mode are runtime errors
 /// naming the missing section (or, in a build without cluster mode,
 /// saying so); a bad name is a usage error.
