@@ -248,12 +248,7 @@ impl Reconciler {
         };
         let t = answered(t, ok, boottime());
         if let Some(api) = &node.api {
-            let counter = if ok {
-                &api.agent.starts_done
-            } else {
-                &api.agent.starts_failed
-            };
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            api.agent.start_answered(ok);
         }
         if ok {
             remember_ran(node, &name, revision);

@@ -516,9 +516,7 @@ async fn take_due(
                     local.name, local.stop_bound_s
                 ));
                 if let Some(api) = &node.api {
-                    api.agent
-                        .takeovers
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    api.agent.took();
                 }
                 took = true;
             }

@@ -195,17 +195,32 @@ pub struct AgentStats {
     /// The agent's lease, once it runs.
     pub lease: OnceLock<Arc<dyn LeaseProbe>>,
     /// Owner keys this node created (it took an unowned workload).
-    pub takeovers: AtomicU64,
+    takeovers: AtomicU64,
     /// Workloads stopped by this daemon's fences, by [`FenceCause`].
     fenced: [AtomicU64; 3],
     /// Starts of owned workloads the reconciliation tried, by answer.
-    pub starts_done: AtomicU64,
-    pub starts_failed: AtomicU64,
+    starts_done: AtomicU64,
+    starts_failed: AtomicU64,
     /// Owned here and not run in this ownership: starts tried so far.
     pending: Mutex<Arc<BTreeMap<String, u32>>>,
 }
 
 impl AgentStats {
+    /// An owner key was created.
+    pub fn took(&self) {
+        self.takeovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A start of an owned workload answered: done or not.
+    pub fn start_answered(&self, done: bool) {
+        let counter = if done {
+            &self.starts_done
+        } else {
+            &self.starts_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn fenced(&self, cause: FenceCause, workloads: usize) {
         self.fenced[cause as usize].fetch_add(workloads as u64, Ordering::Relaxed);
     }
@@ -240,6 +255,10 @@ pub static ETCD_FAILURES: FailureCounts = FailureCounts([
 
 fn flag(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }
+}
+
+fn counter(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
 }
 
 /// Everything `/metrics` exports, in a fixed order.
@@ -342,7 +361,6 @@ fn workloads(shared: &Shared, out: &mut Vec<Family>) {
 fn daemon(shared: &Shared, now: SystemTime, out: &mut Vec<Family>) {
     let health = shared.health_report(now);
     let stats = &shared.stats;
-    let counter = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
     out.push(
         Family::new(
             "berth_daemon_healthy",
@@ -668,7 +686,6 @@ fn cluster(shared: &Shared, out: &mut Vec<Family>) {
 
 /// What the agent itself counted and holds: live, not gathered.
 fn agent(stats: &AgentStats, out: &mut Vec<Family>) {
-    let counter = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
     if let Some(lease) = stats.lease.get() {
         out.push(
             Family::new(
@@ -944,10 +961,13 @@ mod tests {
             "no lease yet:\n{before}"
         );
         let _ = shared.agent.lease.set(Arc::new(Lease(Some(-1.5), false)));
-        shared.agent.takeovers.fetch_add(2, Ordering::Relaxed);
+        shared.agent.took();
+        shared.agent.took();
         shared.agent.fenced(FenceCause::Deadline, 3);
         shared.agent.fenced(FenceCause::NotOwner, 1);
-        shared.agent.starts_failed.fetch_add(4, Ordering::Relaxed);
+        for _ in 0..4 {
+            shared.agent.start_answered(false);
+        }
         shared.agent.set_pending([("db".to_string(), 4)].into());
         shared.set_cluster(serde_json::json!({
             "node": "n2",
