@@ -25,11 +25,16 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-/// `t`, rounded down to the second, as a systemd calendar event
-/// (`OnCalendar=`, *systemd.time*(7)): `2026-12-05 10:03:07 UTC`.
+/// `t` to the microsecond as a systemd calendar event (`OnCalendar=`,
+/// *systemd.time*(7)): `2026-12-05 10:03:07.250000 UTC`. Whole seconds
+/// would fire up to a second before `t`.
 pub fn calendar_event(t: SystemTime) -> String {
     let stamp = rfc3339(t);
-    format!("{} {} UTC", &stamp[..10], &stamp[11..19])
+    let micros = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_micros())
+        .unwrap_or(0);
+    format!("{} {}.{micros:06} UTC", &stamp[..10], &stamp[11..19])
 }
 
 /// The inverse of [`rfc3339`]; `None` for anything else.
@@ -72,9 +77,11 @@ mod tests {
     }
 
     #[test]
-    fn calendar_events_round_down_to_the_second() {
-        let t = UNIX_EPOCH + Duration::from_millis(1_795_971_581_999);
-        assert_eq!(calendar_event(t), "2026-11-29 16:59:41 UTC");
+    fn calendar_events_keep_the_microseconds() {
+        let t = UNIX_EPOCH + Duration::from_micros(1_795_971_581_999_999);
+        assert_eq!(calendar_event(t), "2026-11-29 16:59:41.999999 UTC");
+        let t = UNIX_EPOCH + Duration::from_nanos(1_795_971_581_000_000_999);
+        assert_eq!(calendar_event(t), "2026-11-29 16:59:41.000000 UTC");
     }
 
     #[test]

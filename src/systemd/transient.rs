@@ -17,9 +17,10 @@ impl Systemd {
     /// Two triggers, whichever comes first: `OnActiveSec=` counts on
     /// CLOCK_MONOTONIC (systemd 252 and 257 alike, unless WakeSystem=),
     /// which a suspend pauses, and is deaf to the wall clock being set;
-    /// `OnCalendar=` at the same moment (rounded down to the second)
-    /// counts across a suspend: systemd fires a calendar event that passed
-    /// while the host slept as it resumes.
+    /// `OnCalendar=` at the same moment (to the microsecond: a whole
+    /// second rounded down fired before a daemon back in time disarmed
+    /// it) counts across a suspend: systemd fires a calendar event that
+    /// passed while the host slept as it resumes.
     pub async fn arm_timer(
         &self,
         name: &str,
