@@ -7,9 +7,11 @@
 #                             container scenarios (root: boots systemd),
 #                             the fault-injection suite and a short soak
 #   make check-faults         the fault-injection suite alone
+#   make check-reproducible   the source package built twice per suite: same .debs
 #   make soak [SOAK_FAULTS=]  the cluster soak: random faults, invariant checker
 #   make demo                 a throwaway systemd container running the examples
 #   make deb [DEB_VERSION=]   the Debian package, into $(BUILD_DIR)/deb/
+#   make source-package       the Debian source package, into $(BUILD_DIR)/source/
 #
 # Directory variables follow the GNU conventions; the systemd ones default
 # to what pkg-config's systemd.pc says (on Debian 12 that is /lib/...,
@@ -53,7 +55,7 @@ UNITS := berth.target berth.slice berth-drain.service berth-autostart.service be
 
 INSTALL ?= install
 
-.PHONY: all build units man completions install uninstall deb deps lint check check-no-cluster check-faults soak demo bench clean FORCE
+.PHONY: all build units man completions install uninstall deb source-package check-reproducible deps lint check check-no-cluster check-faults soak demo bench clean FORCE
 all: build units man completions
 
 # berth, then berth-libvirt (libvirt-helper/, which links libvirt:
@@ -146,6 +148,17 @@ deb:
 		BERTH_DEB_VERSION='$(DEB_VERSION)' \
 		debian/rules binary
 	debian/rules clean
+
+# What a distribution builds (debian/make-source-package says how): the
+# .dsc, the debian tarball and two upstream tarballs, the crates vendored.
+source-package:
+	debian/make-source-package $(BUILD_DIR)/source
+
+# The source package built twice on each suite (scenario 21 with
+# HARNESS_REPRODUCIBLE=1): the .debs must be the same byte for byte. Two
+# more full builds: not part of `make check`.
+check-reproducible: deps
+	HARNESS_SUITES='$(HARNESS_SUITES)' HARNESS_REPRODUCIBLE=1 tests/harness/run 21-package-build
 
 # berth without cluster mode (cargo's default feature `cluster` off): no
 # etcd-client, tonic or prost in its tree, and a build that never runs

@@ -87,6 +87,15 @@ apt_mirror() {
     printf '%s\n' "${m:-http://deb.debian.org/debian}"
 }
 
+# The security archive beside it (Debian 12's rustc-web 1.96 is there).
+apt_security_mirror() {
+    local m
+    m=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*security[^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | head -n1 || true)
+    [ -n "$m" ] || m=$(awk '$1 == "deb" && $2 ~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+    printf '%s\n' "${m:-http://deb.debian.org/debian-security}"
+}
+
 # The cache holds pristine roots under names that carry a hash of their
 # recipe (cache_dir NAME STAMP): an entry is built once, under a lock, and
 # never changed or replaced while it may be read; a new recipe or a new
@@ -128,20 +137,22 @@ build_base() {
 
 # apt_into ROOT LOG PACKAGE...: installs the packages into ROOT with its
 # own apt (in a mount namespace: apt needs /proc; no service starts).
+# APT_VERB=build-dep: PACKAGE is a source tree in ROOT whose
+# debian/control's Build-Depends are installed.
 apt_into() {
     local r=$1 log=$2
     shift 2
     unshare -m --propagation private sh -euc '
-        r=$1; shift
+        r=$1; verb=$2; shift 2
         mount --bind "$r" "$r"
         mount -t proc proc "$r/proc"
         printf "#!/bin/sh\nexit 101\n" >"$r/usr/sbin/policy-rc.d"
         chmod 755 "$r/usr/sbin/policy-rc.d"
         chroot "$r" apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y -qq --no-install-recommends "$@"
+        DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get "$verb" -y -qq --no-install-recommends "$@"
         chroot "$r" apt-get clean
         rm "$r/usr/sbin/policy-rc.d"
-    ' sh "$r" "$@" >"$log" 2>&1 || die "installing $* failed; see $log"
+    ' sh "$r" "${APT_VERB:-install}" "$@" >"$log" 2>&1 || die "apt-get ${APT_VERB:-install} $* failed; see $log"
 }
 
 # The package scenario's root: the base plus autopkgtest, whose null
@@ -158,6 +169,33 @@ build_package_base() {
     cp -a "$BASE" "$1"
     # shellcheck disable=SC2086 # a list of package names
     apt_into "$1" "$HARNESS_DIR/package-$SUITE.log" $PACKAGE_PACKAGES
+}
+
+# The root the source package is built in (scenario 21): the base, the
+# suite's security archive, build-essential, what debian/control's
+# Build-Depends name (apt-get build-dep reads it, so a missing one fails
+# the build there), lintian and mandoc, and a user to build as. A new
+# debian/control makes a new root.
+BUILD_PACKAGES="build-essential lintian mandoc"
+BUILD_BASE=$(cache_dir "base-$SUITE-build" "$BASE_STAMP + $BUILD_PACKAGES + $(cksum <"$REPO/debian/control") v1")
+BUILD_UID=2000
+harness_build_base() {
+    harness_base
+    cache_build "base-$SUITE-build" "$BUILD_BASE" build_build_base
+}
+build_build_base() {
+    local r=$1 security
+    log "harness: berth's build dependencies into $r (about 2 min)"
+    cp -a "$BASE" "$r"
+    security=$(apt_security_mirror)
+    printf 'deb %s %s-security main\n' "$security" "$SUITE" >"$r/etc/apt/sources.list.d/security.list"
+    # shellcheck disable=SC2086 # a list of package names
+    apt_into "$r" "$HARNESS_DIR/build-root-$SUITE.log" $BUILD_PACKAGES
+    install -d "$r/var/tmp/control/debian"
+    cp "$REPO/debian/control" "$r/var/tmp/control/debian/"
+    APT_VERB=build-dep apt_into "$r" "$HARNESS_DIR/build-deps-$SUITE.log" /var/tmp/control
+    rm -rf "$r/var/tmp/control"
+    chroot "$r" useradd --uid "$BUILD_UID" --create-home --shell /bin/bash builder
 }
 
 # A fresh copy of the base with berth installed the way a packager would
@@ -188,22 +226,6 @@ harness_install() {
     install -m644 "$REPO"/tests/harness/units/*.service "$to/etc/systemd/system/"
     # Nothing but what a test asks for: no getty on the console.
     systemctl --root="$to" mask console-getty.service >/dev/null 2>&1 || true
-}
-
-# harness_debs DIR: the Debian package of this tree (make deb) into DIR, as
-# debian/changelog's version and as the next Debian revision (what an
-# upgrade looks like to dpkg); the second reuses cargo's build. Built once
-# per run for both suites (tests/harness/run), or by scenario 13 on its own.
-harness_debs() {
-    local dir=$1 v1 v2
-    v1=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
-    v2=${v1%-*}-$((${v1##*-} + 1))
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    make -s -C "$REPO" deb BUILD_DIR="$dir/build" DEB_DIR="$dir" >"$dir/deb-$v1.log" 2>&1 \
-        || die "make deb failed; see $dir/deb-$v1.log"
-    make -s -C "$REPO" deb BUILD_DIR="$dir/build" DEB_DIR="$dir" DEB_VERSION="$v2" >"$dir/deb-$v2.log" 2>&1 \
-        || die "make deb DEB_VERSION=$v2 failed; see $dir/deb-$v2.log"
 }
 
 # A root with rootful podman and a local image (busybox, no registry), for

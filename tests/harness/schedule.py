@@ -12,6 +12,13 @@ rules keep them honest:
   exclusive
          both, and more (a QEMU guest whose emulated watchdog counts on
          host time: a starved guest would be reset for nothing): alone;
+  background
+         CPU-bound for many minutes (the package builds): run under
+         SCHED_IDLE and the idle I/O class, so that it gets only the CPU
+         and disk time the other jobs leave (a task of any other policy
+         that wakes takes the CPU from it at once): one at a time, outside
+         --jobs, beside anything, even an exclusive job; it starts before
+         the first heavy job or after the last one (see may_start);
   (none) anything else.
 
 A scenario names its class, its expected minutes and what it waits for in
@@ -19,7 +26,8 @@ its header:
 
     # harness-job: class=tight minutes=6 after=unit-tests
 
-Exclusive jobs go first, alone; then heavy jobs, one at a time, with plain ones beside them; the tight
+Background and exclusive jobs go first, the exclusive ones alone but
+for a background job; then heavy jobs, one at a time, with plain ones beside them; the tight
 ones follow, side by side; within a class the longest start first (by the
 last run's times in the cache when there are any, else by the header).
 Each job's output goes
@@ -72,7 +80,7 @@ def parse_header(path):
             key, _, value = word.partition("=")
             fields[key] = value
     klass = fields.get("class", "")
-    if klass not in ("", "heavy", "tight", "exclusive"):
+    if klass not in ("", "heavy", "tight", "exclusive", "background"):
         raise SystemExit(f"schedule: {path}: unknown class '{klass}'")
     return {
         "klass": klass,
@@ -95,10 +103,18 @@ def load_times(path):
     return times
 
 
-def may_start(job, running, heavy_queued):
+def may_start(job, running, heavy_queued, heavy_started=False):
     classes = [j.klass for j in running]
+    if job.klass == "background":
+        # One at a time, in the idle time of the exclusive jobs (the first
+        # one, before any heavy job started) or of the tight ones (after
+        # the last heavy job): beside the heavy jobs there is little idle
+        # time, and a build there slows them.
+        if "background" in classes:
+            return False
+        return not heavy_started or ("heavy" not in classes and not heavy_queued)
     if job.klass == "exclusive":
-        return not running
+        return all(c == "background" for c in classes)
     if "exclusive" in classes:
         return False
     if job.klass == "heavy":
@@ -156,8 +172,15 @@ def start(job, logdir):
         open(f, "w").close()
     out = open(job.log, "w")
     job.started = time.monotonic()
-    job.proc = subprocess.Popen(job.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    argv, idle = job.argv, None
+    if job.klass == "background":
+        # Inherited by everything the job starts.
+        argv = ["ionice", "-c", "3"] + argv
+
+        def idle():
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    job.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=idle)
     out.close()
 
 
@@ -229,9 +252,10 @@ def run_queue(jobs, max_jobs, logdir, running):
     # the heavy jobs one after another plus the tight ones side by side:
     # the heavy ones go first (a failed lint or unit test shows early),
     # plain ones beside them, then the tight ones, longest first.
-    rank = {"exclusive": 0, "heavy": 1}
+    rank = {"background": 0, "exclusive": 0, "heavy": 1}
     queue = sorted(jobs, key=lambda j: (rank.get(j.klass, 2), -j.minutes))
     done = set()
+    heavy_started = False
     while queue or running:
         for j in list(running):
             rc = j.proc.poll()
@@ -255,13 +279,14 @@ def run_queue(jobs, max_jobs, logdir, running):
             sys.stdout.flush()
         ready = [j for j in queue if j.after <= done]
         for j in ready:
-            if len(running) >= max_jobs:
-                break
+            if j.klass != "background" and sum(r.klass != "background" for r in running) >= max_jobs:
+                continue
             heavy_queued = any(q.klass == "heavy" for q in queue)
-            if may_start(j, running, heavy_queued):
+            if may_start(j, running, heavy_queued, heavy_started):
                 queue.remove(j)
                 start(j, logdir)
                 running.append(j)
+                heavy_started = heavy_started or j.klass == "heavy"
                 print(f"[{time.strftime('%H:%M:%S')}] start {j.name}"
                       f" ({j.klass or 'plain'}, ~{j.minutes:.1f} min; running: "
                       f"{', '.join(r.name for r in running)})", flush=True)
