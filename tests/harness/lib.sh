@@ -177,7 +177,7 @@ build_package_base() {
 # the build there), lintian and mandoc, and a user to build as. A new
 # debian/control makes a new root.
 BUILD_PACKAGES="build-essential lintian mandoc"
-BUILD_BASE=$(cache_dir "base-$SUITE-build" "$BASE_STAMP + $BUILD_PACKAGES + $(cksum <"$REPO/debian/control") v1")
+BUILD_BASE=$(cache_dir "base-$SUITE-build" "$BASE_STAMP + $BUILD_PACKAGES + $(cksum <"$REPO/debian/control") v2")
 BUILD_UID=2000
 harness_build_base() {
     harness_base
@@ -191,11 +191,41 @@ build_build_base() {
     printf 'deb %s %s-security main\n' "$security" "$SUITE" >"$r/etc/apt/sources.list.d/security.list"
     # shellcheck disable=SC2086 # a list of package names
     apt_into "$r" "$HARNESS_DIR/build-root-$SUITE.log" $BUILD_PACKAGES
-    install -d "$r/var/tmp/control/debian"
-    cp "$REPO/debian/control" "$r/var/tmp/control/debian/"
-    APT_VERB=build-dep apt_into "$r" "$HARNESS_DIR/build-deps-$SUITE.log" /var/tmp/control
-    rm -rf "$r/var/tmp/control"
+    if [ "$SUITE" = bookworm ]; then
+        # For Debian 12 the package is a backport, and backports' build
+        # daemons resolve alternatives (systemd-dev is Debian 13's): all
+        # of them, as apt-get build-dep does.
+        install -d "$r/var/tmp/control/debian"
+        cp "$REPO/debian/control" "$r/var/tmp/control/debian/"
+        APT_VERB=build-dep apt_into "$r" "$HARNESS_DIR/build-deps-$SUITE.log" /var/tmp/control
+        rm -rf "$r/var/tmp/control"
+    else
+        # Debian's own build daemons take the first alternative of each.
+        APT_VERB=satisfy apt_into "$r" "$HARNESS_DIR/build-deps-$SUITE.log" \
+            "$(first_alternatives "$REPO/debian/control")"
+    fi
     chroot "$r" useradd --uid "$BUILD_UID" --create-home --shell /bin/bash builder
+}
+
+# first_alternatives CONTROL: CONTROL's Build-Depends, each relation's
+# first alternative only.
+first_alternatives() {
+    python3 - "$1" <<'PY'
+import sys
+field, value = None, {}
+for line in open(sys.argv[1], encoding="utf-8"):
+    if line.startswith("#"):
+        continue
+    if not line.strip():
+        break
+    if line[0] in " \t" and field:
+        value[field] += " " + line.strip()
+    else:
+        field, _, rest = line.partition(":")
+        value[field] = rest.strip()
+relations = [r.split("|")[0].strip() for r in value["Build-Depends"].split(",")]
+print(", ".join(r for r in relations if r))
+PY
 }
 
 # A fresh copy of the base with berth installed the way a packager would

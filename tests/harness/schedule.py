@@ -18,7 +18,9 @@ rules keep them honest:
          and disk time the other jobs leave (a task of any other policy
          that wakes takes the CPU from it at once): one at a time, outside
          --jobs, beside anything, even an exclusive job; it starts before
-         the first heavy job or after the last one (see may_start);
+         the first heavy job or when the heavy jobs left are expected to
+         end within HEAVY_TAIL_MIN (see may_start), and one that started
+         before runs on beside them;
   (none) anything else.
 
 A scenario names its class, its expected minutes and what it waits for in
@@ -103,16 +105,22 @@ def load_times(path):
     return times
 
 
-def may_start(job, running, heavy_queued, heavy_started=False):
+# A background job may start while the heavy jobs left are expected to
+# end within this (their last, short ones): it then reaches the tight
+# jobs' idle time running, instead of starting only there.
+HEAVY_TAIL_MIN = 2.0
+
+
+def may_start(job, running, heavy_queued, heavy_started=False, heavy_left_min=0.0):
     classes = [j.klass for j in running]
     if job.klass == "background":
         # One at a time, in the idle time of the exclusive jobs (the first
-        # one, before any heavy job started) or of the tight ones (after
-        # the last heavy job): beside the heavy jobs there is little idle
-        # time, and a build there slows them.
+        # one, before any heavy job started) or of the tight ones (near
+        # the end of the heavy jobs): beside the heavy jobs there is little
+        # idle time, and a build there slows them.
         if "background" in classes:
             return False
-        return not heavy_started or ("heavy" not in classes and not heavy_queued)
+        return not heavy_started or heavy_left_min <= HEAVY_TAIL_MIN
     if job.klass == "exclusive":
         return all(c == "background" for c in classes)
     if "exclusive" in classes:
@@ -282,7 +290,10 @@ def run_queue(jobs, max_jobs, logdir, running):
             if j.klass != "background" and sum(r.klass != "background" for r in running) >= max_jobs:
                 continue
             heavy_queued = any(q.klass == "heavy" for q in queue)
-            if may_start(j, running, heavy_queued, heavy_started):
+            now = time.monotonic()
+            heavy_left = sum(q.minutes for q in queue if q.klass == "heavy") + sum(
+                max(0.0, r.minutes - (now - r.started) / 60) for r in running if r.klass == "heavy")
+            if may_start(j, running, heavy_queued, heavy_started, heavy_left):
                 queue.remove(j)
                 start(j, logdir)
                 running.append(j)

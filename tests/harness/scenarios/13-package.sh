@@ -36,9 +36,9 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # --- the packages -------------------------------------------------------------
-# Built from the source package in the suite's own build root by scenario
-# 21, which runs first (lintian and reproducibility are checked there); the
-# next Debian revision is the same package with its version raised (what
+# Built from this run's source package in the suite's own build root by
+# scenario 21, which runs first (and runs lintian on them); the next
+# Debian revision is the same package with its version raised (what
 # an upgrade looks like to dpkg: every file replaced, its scripts run with
 # `upgrade`).
 V1=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
@@ -47,7 +47,10 @@ arch=$(dpkg --print-architecture)
 DEB_DIR=$HARNESS_DIR/debs
 DEB1=berth_${V1}_$arch.deb
 DEB2=berth_${V2}_$arch.deb
-[ -f "$DEB_DIR/$DEB1" ] || die "no $DEB_DIR/$DEB1: scenario 21 builds it (tests/harness/run package runs both)"
+[ -f "$DEB_DIR/$DEB1" ] || die "no $DEB_DIR/$DEB1: scenario 21 builds it (tests/harness/run runs it first)"
+dsc=$(ls "${HARNESS_SOURCE:-/nonexistent}"/*.dsc 2>/dev/null) || die "no source package of this run (HARNESS_SOURCE)"
+check_eq "the packages were built from this run's source package" \
+    "$(sha256sum <"$dsc" | cut -d' ' -f1)" "$(cat "$DEB_DIR/source.sha256" 2>&1)"
 repack=$HARNESS_DIR/run/$SCENARIO/repack
 rm -rf "$repack" && mkdir -p "$repack"
 dpkg-deb -R "$DEB_DIR/$DEB1" "$repack/tree"

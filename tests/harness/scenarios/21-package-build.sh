@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# harness-job: class=background minutes=8
+# harness-job: class=background minutes=8 timeout=40
 # The source package (debian/make-source-package) built the way a Debian
 # build daemon builds it: dpkg-buildpackage in a root made of the suite's
 # own packages only (Build-Depends installed by apt-get build-dep, with
@@ -17,17 +17,35 @@
 source "$(dirname "$0")/../lib.sh"
 scenario_begin 21-package-build
 
+# Scenario 13 installs what this leaves in $HARNESS_DIR/debs: nothing of
+# an earlier run's.
+rm -rf "$HARNESS_DIR/debs"
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }'; }
 
+# The source package: one per run for both suites (tests/harness/run
+# names its directory, empty), made by whichever build comes first, here
+# in the idle time rather than before the run; on its own, one of its own.
 SOURCE=${HARNESS_SOURCE:-}
 if [ -z "$SOURCE" ]; then
     SOURCE=$HARNESS_DIR/source
-    "$REPO/debian/make-source-package" "$SOURCE" >/dev/null || die "debian/make-source-package failed"
+    rm -rf "$SOURCE"
 fi
+mkdir -p "$SOURCE"
+exec {source_lock}>"$SOURCE.lock"
+flock "$source_lock"
+if [ ! -f "$SOURCE/.made" ]; then
+    t=$(now)
+    "$REPO/debian/make-source-package" "$SOURCE" >"$SOURCE.log" 2>&1 \
+        || die "debian/make-source-package failed; see $SOURCE.log"
+    touch "$SOURCE/.made"
+    log "  measured: debian/make-source-package took $(since "$t") s"
+fi
+flock -u "$source_lock"
 dsc=$(cd "$SOURCE" && ls ./*.dsc)
 dsc=${dsc#./}
 version=$(sed -n 's/^Version: //p' "$SOURCE/$dsc")
+version=${version#*:} # file names carry no epoch
 upstream=${version%-*}
 arch=$(dpkg --print-architecture)
 check "the source package has its two upstream tarballs" \
@@ -54,6 +72,14 @@ in_build_root() {
         name=berth-build-$SUITE-$$
         ct_cgroup_remove "$name"
         ct_cgroup_enter "$name"
+        # With the cpu controller on (cgroup v2), the kernel shares the
+        # CPU between cgroups before SCHED_IDLE counts inside one: this
+        # cgroup is marked idle too (Linux 5.15), or weighs the least.
+        for h in "${CT_CGROUP_HIERARCHIES[@]}"; do
+            g=$h/berth-harness-$name
+            if [ -w "$g/cpu.idle" ]; then echo 1 >"$g/cpu.idle" || true
+            elif [ -w "$g/cpu.weight" ]; then echo 1 >"$g/cpu.weight" || true; fi
+        done
         exec systemd-nspawn --quiet --register=no --keep-unit --as-pid2 --console=pipe \
             -D "$BUILD_BASE" --volatile=overlay --private-network \
             --machine="$name" --bind="$WORK:/build" --user=builder --chdir="/build/$1" \
@@ -68,7 +94,6 @@ check_eq "the build root has no network (only lo)" "lo" "$(in_build_root a 'ls /
 toolchain=$(in_build_root a 'printf "%s %s; %s\n" "$(dpkg -S "$(command -v rustc)" | cut -d: -f1)" "$(rustc --version | cut -d" " -f2)" "$(dpkg -S "$(command -v cargo)" | cut -d: -f1)"')
 check_eq "its rustc and cargo are Debian's rustc-web and cargo-web ($toolchain)" "rustc-web cargo-web" \
     "$(printf '%s\n' "$toolchain" | sed -E 's/^([^ ]+) [^;]+; (.*)$/\1 \2/')"
-check "... with no rustup or cargo registry for the build user" in_build_root a 'test ! -e ~/.cargo -a ! -e ~/.rustup'
 
 t=$(now)
 out=$(in_build_root a "dpkg-source -x $dsc berth-$upstream >/dev/null && cd berth-$upstream && dpkg-buildpackage -us -uc" 2>&1) && rc=0 || rc=$?
@@ -77,10 +102,9 @@ printf '%s\n' "$out" >"$WORK/build-a.log"
 check_eq "dpkg-buildpackage -us -uc (source and binaries) exits 0 in $first_s s" "0" \
     "$rc$([ "$rc" = 0 ] || printf '\n%s' "$(printf '%s\n' "$out" | tail -n 40)")"
 log "  measured: the first build (source and binaries) took $first_s s"
-check_contains "... and cargo read the vendored crates" "Compiling tokio v" "$out"
-check_lacks "... never the network" "Updating crates.io index" "$out"
-debs=$(cd "$WORK/a" && ls ./*.deb 2>/dev/null | sed 's|^\./||' | xargs)
+debs=$(cd "$WORK/a" && LC_ALL=C ls -- *.deb 2>/dev/null | xargs) || true
 check_eq "it made berth and berth-libvirt" "berth-libvirt_${version}_$arch.deb berth_${version}_$arch.deb" "$debs"
+[ -n "$debs" ] || die "no package built; see $WORK/build-a.log"
 
 # --- 2. lintian, mandoc -------------------------------------------------------
 changes=berth_${version}_$arch.changes
@@ -99,7 +123,8 @@ check_eq "... one for each page in man/" "$(find "$REPO/man" -name '*.scd' | wc 
 rm -rf "$HARNESS_DIR/debs"
 mkdir -p "$HARNESS_DIR/debs"
 for deb in $debs; do cp "$WORK/a/$deb" "$HARNESS_DIR/debs/"; done
-check "the packages are in $HARNESS_DIR/debs" test -f "$HARNESS_DIR/debs/berth_${version}_$arch.deb"
+# Which source they were built from: scenario 13 refuses others.
+sha256sum <"$SOURCE/$dsc" | cut -d' ' -f1 >"$HARNESS_DIR/debs/source.sha256"
 
 # --- 4. a second build (HARNESS_REPRODUCIBLE=1: make check-reproducible) ------
 # Another full build of the same source: not in `make check`, whose budget
@@ -114,7 +139,7 @@ if [ "${HARNESS_REPRODUCIBLE:-}" = 1 ]; then
     log "  measured: the second build (binaries) took $second_s s"
     for deb in $debs; do
         a=$(sha256sum <"$WORK/a/$deb" | cut -d' ' -f1)
-        b=$(sha256sum <"$WORK/b/second/tree/$deb" 2>/dev/null | cut -d' ' -f1)
+        b=$(sha256sum <"$WORK/b/second/tree/$deb" 2>/dev/null | cut -d' ' -f1) || b="(not built)"
         check_eq "$deb is the same byte for byte (sha256 ${a:0:16}…)" "$a" "$b"
     done
 fi
