@@ -42,8 +42,11 @@ snapshot() {
 before=$(snapshot)
 check "systemctl restart berth-autostart.service" ct systemctl restart berth-autostart.service
 check_eq "nothing started or stopped (state, invocation, pid)" "$before" "$(snapshot)"
-check_contains "the second run adopted the 4 running workloads" "adopted 4 running workloads (left untouched)" \
-    "$(ct journalctl -b -u berth-autostart.service --no-pager)"
+# journald may file the run's own lines after systemd's "Finished": waited
+# for (read whole, then searched: grep -q would close the pipe early).
+autostart_said() { grep -Fq -- "$1" <<<"$(ct journalctl -b -u berth-autostart.service --no-pager)"; }
+check "the second run adopted the 4 running workloads" \
+    wait_for 5 autostart_said "adopted 4 running workloads (left untouched)"
 check_eq "each workload was started once" 4 "$(ct journalctl -b -u berth-autostart.service --no-pager | grep -c ' started berth@')"
 
 ct_poweroff 120
