@@ -282,20 +282,25 @@ def report(soak):
         if open_at is not None:
             doubles.append((w, open_at, end, sorted(who)))
     # A double run is the stalled host's only when it owned that workload
-    # when it froze, began at the thaw, and ended with the stalled host's
-    # copy stopped (not the peer's: the stale one must not survive).
+    # when it froze, began at the thaw, and its copy stopped within the
+    # fence's bound after the thaw (stop_delay_s + 4 s): the stale one must
+    # not survive. Judged by a sample in that bound without it, not by the
+    # end of the double run: another fault may end the peer's copy first,
+    # and the stalled host may then take the workload again, rightly, once
+    # its stale copy is gone (the peer's new boot revoked its old lease).
     outside, survivors = [], 0
-    after = {}
+    stale_bound = stop_delay + 4
     for d in doubles:
         w, a, b, who = d
         thaw = next(((t, n) for t, n in thaws if n in who and w in stall_owned.get(n, ())
                      and t - 0.5 <= a <= t + 5), None)
         if thaw is not None:
             t, n = thaw
-            later = next((s for s in samples if s[0] >= b), None)
-            if later is not None and n in running(later, w):
+            window = [s for s in samples if t <= s[0] <= t + stale_bound] or [samples[-1]]
+            if all(n in running(s, w) for s in window):
                 survivors += 1
-                print(f"STALE COPY SURVIVED: {w} still runs on {n} after the double run ended at {b:.1f}")
+                print(f"STALE COPY SURVIVED: {w} ran on {n} throughout the {stale_bound} s "
+                      f"after the thaw at {t:.1f}")
             stalled.append((w, t, b, who))
         else:
             outside.append(d)

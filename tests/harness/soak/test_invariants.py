@@ -156,6 +156,33 @@ class Verdicts(unittest.TestCase):
                  (30, "", {"db": "n1,n2", "web": "n1,n2"}), (31.4, "", BOTH)], self.STALL)
         self.assertEqual(c["stale_copies_survived"], 1)
 
+    def test_a_peer_lost_to_another_fault_first_is_not_a_surviving_stale_copy(self):
+        # The peer's root is killed 1 s after the thaw; the stale copy
+        # stops 1.8 s after it, within stop_delay_s + 4.
+        faults = self.STALL + ["31.0 down n2 root-kill", "40.0 up n2"]
+        c = run([(0, "", BOTH), (20, "n1", {"db": "n1,n2", "web": "n1,n2"}),
+                 (30, "", {"db": "n1,n2", "web": "n1,n2"}), (31.0, "", {"db": "n1", "web": "n1"}),
+                 (31.8, "", {"web": "n1"}), (37, "", {"web": "n1"}), (41, "", {"db": "n2", "web": "n1,n2"})],
+                faults)
+        self.assertEqual(c["stale_copies_survived"], 0)
+
+    def test_the_stalled_host_may_take_it_again_once_its_stale_copy_is_gone(self):
+        # The peer reboots after the thaw (its old lease revoked): the
+        # stalled host stops its stale copy, then rightly takes db again.
+        faults = self.STALL + ["31.0 down n2 root-kill-boot", "33.0 up n2"]
+        c = run([(0, "", BOTH), (20, "n1", {"db": "n1,n2", "web": "n1,n2"}),
+                 (30, "", {"db": "n1,n2", "web": "n1,n2"}), (31.0, "", {"db": "n1", "web": "n1"}),
+                 (32.6, "", {"web": "n1"}), (34.5, "", {"db": "n1", "web": "n1,n2"}),
+                 (37, "", {"db": "n1", "web": "n1,n2"})], faults)
+        self.assertEqual(c["stale_copies_survived"], 0)
+
+    def test_a_stale_copy_still_running_past_the_bound_survived(self):
+        faults = self.STALL + ["31.0 down n2 root-kill", "40.0 up n2"]
+        c = run([(0, "", BOTH), (20, "n1", {"db": "n1,n2", "web": "n1,n2"}),
+                 (30, "", {"db": "n1,n2", "web": "n1,n2"}), (31.0, "", {"db": "n1", "web": "n1"}),
+                 (37, "", {"db": "n1", "web": "n1"}), (41, "", {"db": "n2", "web": "n1,n2"})], faults)
+        self.assertEqual(c["stale_copies_survived"], 1)
+
     def test_the_stall_excuses_only_what_the_stalled_host_owned(self):
         faults = UP + ["20.0 down n1 long-stall", "20.0 stall n1", "30.0 stall-thaw n1", "31.0 up n1"]
         c = run([(0, "", BOTH), (20, "n1", {"db": "n1,n2", "web": "n1,n2"}),
