@@ -79,21 +79,15 @@ harness_missing() {
 # ---------------------------------------------------------------------------
 # The root file system.
 # ---------------------------------------------------------------------------
-apt_mirror() {
-    local m
-    m=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-        | grep -v security | head -n1 || true)
-    [ -n "$m" ] || m=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
-    printf '%s\n' "${m:-http://deb.debian.org/debian}"
-}
-
-# The security archive beside it (Debian 12's rustc-web 1.96 is there).
-apt_security_mirror() {
-    local m
-    m=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*security[^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-        | head -n1 || true)
-    [ -n "$m" ] || m=$(awk '$1 == "deb" && $2 ~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
-    printf '%s\n' "${m:-http://deb.debian.org/debian-security}"
+# apt_archive main|security: the host's Debian archive of that kind (the
+# security one holds Debian 12's rustc-web 1.96), from its apt sources.
+apt_archive() {
+    local security=0 default=http://deb.debian.org/debian m
+    [ "$1" != security ] || { security=1; default=$default-security; }
+    m=$({ sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources
+        awk '$1 == "deb" { print $2 }' /etc/apt/sources.list; } 2>/dev/null \
+        | awk -v s="$security" '(/security/ ? 1 : 0) == s { print; exit }' || true)
+    printf '%s\n' "${m:-$default}"
 }
 
 # The cache holds pristine roots under names that carry a hash of their
@@ -131,7 +125,7 @@ BASE=$(cache_dir "base-$SUITE" "$BASE_STAMP")
 harness_base() { cache_build "base-$SUITE" "$BASE" build_base; }
 build_base() {
     log "harness: debootstrap $SUITE into $1 (about 40 s)"
-    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$1" "$(apt_mirror)" \
+    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$1" "$(apt_archive main)" \
         >"$HARNESS_DIR/debootstrap.log" 2>&1 || die "debootstrap failed; see $HARNESS_DIR/debootstrap.log"
 }
 
@@ -173,8 +167,8 @@ build_package_base() {
 
 # The root the source package is built in (scenario 21): the base, the
 # suite's security archive, build-essential, what debian/control's
-# Build-Depends name (apt-get build-dep reads it, so a missing one fails
-# the build there), lintian and mandoc, and a user to build as. A new
+# Build-Depends name (read from it, so a missing one fails the build
+# there), lintian and mandoc, and a user to build as. A new
 # debian/control makes a new root.
 BUILD_PACKAGES="build-essential lintian mandoc"
 BUILD_BASE=$(cache_dir "base-$SUITE-build" "$BASE_STAMP + $BUILD_PACKAGES + $(cksum <"$REPO/debian/control") v2")
@@ -187,7 +181,7 @@ build_build_base() {
     local r=$1 security
     log "harness: berth's build dependencies into $r (about 2 min)"
     cp -a "$BASE" "$r"
-    security=$(apt_security_mirror)
+    security=$(apt_archive security)
     printf 'deb %s %s-security main\n' "$security" "$SUITE" >"$r/etc/apt/sources.list.d/security.list"
     # shellcheck disable=SC2086 # a list of package names
     apt_into "$r" "$HARNESS_DIR/build-root-$SUITE.log" $BUILD_PACKAGES

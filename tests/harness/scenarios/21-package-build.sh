@@ -2,8 +2,9 @@
 # harness-job: class=background minutes=8 timeout=40
 # The source package (debian/make-source-package) built the way a Debian
 # build daemon builds it: dpkg-buildpackage in a root made of the suite's
-# own packages only (Build-Depends installed by apt-get build-dep, with
-# rustc-web and cargo-web 1.96), as an unprivileged user, with no network.
+# own packages only (its Build-Depends, with rustc-web and cargo-web 1.96:
+# tests/harness/lib.sh, build_build_base), as an unprivileged user, with
+# no network.
 #  1. the source and binary packages build; the build used Debian's
 #     toolchain and the vendored crates;
 #  2. the suite's own lintian finds no error or warning in the source or
@@ -120,7 +121,6 @@ check_eq "mandoc -Tlint finds nothing in the $pages packaged man pages" "0:" "$r
 check_eq "... one for each page in man/" "$(find "$REPO/man" -name '*.scd' | wc -l)" "$pages"
 
 # --- 3. the packages, for scenario 13 ------------------------------------------
-rm -rf "$HARNESS_DIR/debs"
 mkdir -p "$HARNESS_DIR/debs"
 for deb in $debs; do cp "$WORK/a/$deb" "$HARNESS_DIR/debs/"; done
 # Which source they were built from: scenario 13 refuses others.
